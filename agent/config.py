@@ -1,0 +1,219 @@
+"""Ferry's configuration: one typed model, read from TOML and overridden by FERRY_* variables.
+
+Precedence (highest first): keyword arguments, ``FERRY_*`` environment variables (nested with
+``__``, e.g. ``FERRY_BUFFER__MAX_BYTES``), the TOML file, the defaults below.
+"""
+
+from __future__ import annotations
+
+import re
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+DEFAULT_CONFIG_PATH = Path("/etc/ferry/ferry.toml")
+
+# The TOML file load_config() is reading; a context variable rather than a class attribute so
+# that concurrent loads (tests) cannot see each other's file.
+_toml_file: ContextVar[Path | None] = ContextVar("_toml_file", default=None)
+
+# Kafka's own rule for topic names (kafka.common.internals.Topic).
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+def is_valid_topic(name: str) -> bool:
+    return bool(_TOPIC_RE.match(name)) and name not in (".", "..")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BufferConfig(_Section):
+    path: Path = Path("/var/lib/ferry/buffer")
+    max_bytes: int = Field(default=10 * 1024**3, ge=1024 * 1024)
+    # Longest a message waits for the group commit it rides in; the batch is cut earlier when
+    # the writer is idle, so this only matters under load.
+    commit_interval_ms: float = Field(default=2.0, ge=0, le=1000)
+    commit_max_messages: int = Field(default=20000, ge=1)
+    discard_log: Path | None = None  # default: <buffer.path>/discards.jsonl
+
+
+class SocketConfig(_Section):
+    path: Path | None = Path("/run/ferry/ferry.sock")  # None (or "") disables the socket
+    mode: str = "0660"
+    receive_buffer_bytes: int = Field(default=8 * 1024 * 1024, ge=65536)
+
+    @field_validator("mode")
+    @classmethod
+    def _octal(cls, value: str) -> str:
+        if not re.fullmatch(r"0?[0-7]{3,4}", value):
+            raise ValueError("must be an octal file mode such as '0660'")
+        return value
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+
+class HttpConfig(_Section):
+    listen: str = "127.0.0.1:9090"  # "" disables HTTP
+    management_token: str | None = None
+    auto_create_topics: bool = True
+    idempotency_window_seconds: int = Field(default=600, ge=0)
+    header_allowlist: list[str] = Field(default_factory=list)
+    body_timeout_seconds: float = Field(default=10.0, gt=0)
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        if value == "":
+            return value
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError("must be HOST:PORT, e.g. 127.0.0.1:9090")
+        return value
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+
+class SpoolConfig(_Section):
+    dirs: list[Path] = Field(default_factory=lambda: [Path("/var/lib/ferry/spool")])
+    after_ingest: Literal["delete", "move"] = "delete"  # "move" keeps files in <dir>/done/
+    scan_interval_seconds: float = Field(default=5.0, gt=0)
+
+
+class KafkaClusterConfig(_Section):
+    bootstrap_servers: str = "localhost:9092"
+    # Any librdkafka property (TLS, SASL, ...); applied after Ferry's own defaults.
+    properties: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    # Nothing acknowledged for this long while messages are outstanding => the cluster is down.
+    outage_after_seconds: float = Field(default=10.0, gt=0)
+
+
+class KafkaConfig(_Section):
+    local: KafkaClusterConfig = Field(default_factory=KafkaClusterConfig)
+    remote: KafkaClusterConfig | None = None
+
+
+class TopicConfig(_Section):
+    acks: Literal["all", "leader"] = "leader"
+    ttl_seconds: int = Field(default=7 * 24 * 3600, ge=1)
+    max_message_bytes: int = Field(default=1_000_000, ge=1)
+    max_attempts: int = Field(default=0, ge=0)  # 0 = retry until the TTL
+    content_type: Literal["binary", "json", "avro"] = "binary"
+    schema_: str | None = Field(default=None, alias="schema")
+    rate_limit: float = Field(default=0, ge=0)  # messages/s over HTTP; 0 = unlimited
+    ack_timeout_ms: int = Field(default=65, ge=0)
+    fallback_to_remote: bool = False
+    speculative_send_delay_ms: int = Field(default=250, ge=0)
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ForwarderConfig(_Section):
+    compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "lz4"
+    linger_ms: float = Field(default=5.0, ge=0)
+    retry_backoff_ms: int = Field(default=100, ge=1)
+    retry_backoff_max_ms: int = Field(default=5000, ge=1)
+    max_in_flight_messages: int = Field(default=200_000, ge=1)
+
+
+class StatusConfig(_Section):
+    track_messages: bool = True
+    track_seconds: int = Field(default=3600, ge=0)
+
+
+class FerryConfig(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="FERRY_",
+        env_nested_delimiter="__",
+        extra="forbid",
+    )
+
+    buffer: BufferConfig = Field(default_factory=BufferConfig)
+    socket: SocketConfig = Field(default_factory=SocketConfig)
+    http: HttpConfig = Field(default_factory=HttpConfig)
+    spool: SpoolConfig = Field(default_factory=SpoolConfig)
+    kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    forwarder: ForwarderConfig = Field(default_factory=ForwarderConfig)
+    status: StatusConfig = Field(default_factory=StatusConfig)
+    topics: dict[str, TopicConfig] = Field(default_factory=lambda: {"default": TopicConfig()})
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("topics")
+    @classmethod
+    def _topic_names(cls, value: dict[str, TopicConfig]) -> dict[str, TopicConfig]:
+        for name in value:
+            if name != "default" and not is_valid_topic(name):
+                raise ValueError(f"{name!r} is not a legal Kafka topic name")
+        value.setdefault("default", TopicConfig())
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_path = _toml_file.get()
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if toml_path is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
+        return tuple(sources)
+
+    def topic(self, name: str) -> TopicConfig:
+        """The settings that apply to ``name``: its own section, else ``[topics.default]``."""
+        return self.topics.get(name) or self.topics["default"]
+
+    @property
+    def discard_log_path(self) -> Path:
+        return self.buffer.discard_log or self.buffer.path / "discards.jsonl"
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message names the field and the reason."""
+
+
+def load_config(path: Path | None = None, **overrides: Any) -> FerryConfig:
+    """Read ``path`` (or /etc/ferry/ferry.toml when present), then FERRY_* variables."""
+    if path is None and DEFAULT_CONFIG_PATH.exists():
+        path = DEFAULT_CONFIG_PATH
+    if path is not None and not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    token = _toml_file.set(path)
+    try:
+        return FerryConfig(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path)) from None
+    except ValueError as exc:  # TOML syntax errors surface as ValueError subclasses
+        raise ConfigError(f"{path}: {exc}") from None
+    finally:
+        _toml_file.reset(token)
+
+
+def _describe(exc: ValidationError, path: Path | None) -> str:
+    where = f" in {path}" if path else ""
+    lines = [f"invalid configuration{where}:"]
+    for err in exc.errors():
+        field = ".".join(str(part) for part in err["loc"]) or "(top level)"
+        lines.append(f"  {field}: {err['msg']}")
+    return "\n".join(lines)
