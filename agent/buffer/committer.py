@@ -1,0 +1,222 @@
+"""Group commit: one writer thread turns many small submissions into few durable transactions.
+
+Sources call ``submit()`` with a group of records and a callback. The writer thread takes
+everything submitted since its last commit, writes it in one LMDB transaction, fsyncs, and then
+calls each callback with the group's ids (or the reason it was refused). While one fsync is in
+progress the next group accumulates, so the commit rate adapts to the disk: one fsync per
+group, not per message. No source thread ever waits for an fsync unless it asks to.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from agent.buffer.store import BufferFull, BufferUnavailable, Store
+from agent.metrics import REGISTRY, Registry
+from agent.records import Record
+
+log = logging.getLogger(__name__)
+
+# What a callback receives: the ids of the group's messages, or the refusal.
+Result = list[bytes] | BufferFull | BufferUnavailable
+Callback = Callable[[Result], None]
+
+
+class ShuttingDown(Exception):
+    """Submitted after ``close()``; nothing was stored."""
+
+
+@dataclass(slots=True)
+class _Submission:
+    records: Sequence[Record]
+    source: str
+    callback: Callback | None
+    state_puts: Mapping[bytes, bytes] | None = None
+    state_deletes: Sequence[bytes] = ()
+    weight: int = 0
+
+
+@dataclass
+class _Waiter:
+    event: threading.Event = field(default_factory=threading.Event)
+    result: Result | None = None
+
+    def __call__(self, result: Result) -> None:
+        self.result = result
+        self.event.set()
+
+
+class Committer:
+    """The buffer's single writer thread in this process."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        registry: Registry = REGISTRY,
+        max_pending_bytes: int = 64 * 1024 * 1024,
+        max_batch_messages: int = 20000,
+        linger_ms: float = 0.0,
+        name: str = "ingest",
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.max_pending_bytes = max_pending_bytes
+        self.max_batch_messages = max_batch_messages
+        self.linger = linger_ms / 1000.0
+        self.name = name
+        self._cond = threading.Condition()
+        self._pending: list[_Submission] = []
+        self._pending_bytes = 0
+        self._closed = False
+        self._full = False
+        self._thread = threading.Thread(target=self._run, name=f"committer-{name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def full(self) -> bool:
+        """True after a refusal for lack of space, until a commit succeeds again."""
+        return self._full
+
+    def submit(
+        self,
+        records: Sequence[Record],
+        source: str,
+        callback: Callback | None = None,
+        *,
+        state_puts: Mapping[bytes, bytes] | None = None,
+        state_deletes: Sequence[bytes] = (),
+        block: bool = True,
+    ) -> bool:
+        """Queue a group for the next commit. The group is stored entirely or not at all.
+
+        When the queue is over ``max_pending_bytes`` this waits (``block=True``, for sources
+        whose senders should feel back-pressure) or returns False at once.
+        """
+        weight = sum(r.size for r in records) + 64 * len(records)
+        sub = _Submission(records, source, callback, state_puts, state_deletes, weight)
+        with self._cond:
+            while self._pending_bytes > self.max_pending_bytes and not self._closed:
+                if not block:
+                    return False
+                self._cond.wait()
+            if self._closed:
+                raise ShuttingDown("the buffer is closing")
+            self._pending.append(sub)
+            self._pending_bytes += weight
+            self._cond.notify_all()
+        return True
+
+    def commit(
+        self,
+        records: Sequence[Record],
+        source: str,
+        *,
+        state_puts: Mapping[bytes, bytes] | None = None,
+        state_deletes: Sequence[bytes] = (),
+        timeout: float | None = None,
+    ) -> Result:
+        """Submit and wait until the group is durable (or refused). For callers that can block."""
+        waiter = _Waiter()
+        self.submit(records, source, waiter, state_puts=state_puts, state_deletes=state_deletes)
+        if not waiter.event.wait(timeout):
+            raise TimeoutError("the buffer did not commit in time")
+        assert waiter.result is not None
+        return waiter.result
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Commit what is queued, then stop. Later submissions raise ShuttingDown."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # -- writer thread ---------------------------------------------------------------------
+    def _take(self) -> list[_Submission] | None:
+        with self._cond:
+            while not self._pending and not self._closed:
+                self._cond.wait()
+            if not self._pending:
+                return None
+            if self.linger and not self._closed:
+                # Let a burst finish arriving; bounded, and only when asked for.
+                deadline = time.monotonic() + self.linger
+                while (remaining := deadline - time.monotonic()) > 0 and not self._closed:
+                    if sum(len(s.records) for s in self._pending) >= self.max_batch_messages:
+                        break
+                    self._cond.wait(remaining)
+            pending = self._pending
+            cut, n = 0, 0
+            while cut < len(pending) and (
+                cut == 0 or n + len(pending[cut].records) <= self.max_batch_messages
+            ):
+                n += len(pending[cut].records)
+                cut += 1
+            taken = pending[:cut]
+            del pending[:cut]
+            self._pending_bytes -= sum(s.weight for s in taken)
+            self._cond.notify_all()
+            return taken
+
+    def _run(self) -> None:
+        while True:
+            taken = self._take()
+            if taken is None:
+                return
+            self._commit(taken)
+
+    def _commit(self, taken: list[_Submission]) -> None:
+        puts: dict[bytes, bytes] = {}
+        deletes: list[bytes] = []
+        for s in taken:
+            if s.state_puts:
+                puts.update(s.state_puts)
+            deletes.extend(s.state_deletes)
+        started = time.perf_counter()
+        results: list[Result]
+        try:
+            appended = self.store.append([s.records for s in taken],
+                                         state_puts=puts, state_deletes=deletes)
+            results = list(appended)
+            self._full = any(isinstance(r, BufferFull) for r in results)
+        except (BufferFull, BufferUnavailable) as exc:
+            # The transaction was aborted: nothing of it is on disk.
+            results = [exc] * len(taken)
+            self._full = True
+            log.warning("buffer refused %d messages: %s",
+                        sum(len(s.records) for s in taken), exc)
+        except Exception as exc:  # noqa: BLE001 - never let the writer thread die silently
+            log.exception("buffer commit failed")
+            results = [BufferUnavailable("disk_error", f"commit failed: {exc}")] * len(taken)
+        elapsed = time.perf_counter() - started
+        self._account(taken, results, elapsed)
+        for sub, result in zip(taken, results, strict=True):
+            if sub.callback is not None:
+                try:
+                    sub.callback(result)
+                except Exception:  # noqa: BLE001 - a bad callback must not stop the writer
+                    log.exception("commit callback failed")
+
+    def _account(self, taken: list[_Submission], results: list[Result], elapsed: float) -> None:
+        reg = self.registry
+        reg.inc("buffer_commits", writer=self.name)
+        reg.observe("buffer_commit_seconds", elapsed, writer=self.name)
+        reg.set("buffer_full", 1.0 if self._full else 0.0)
+        accepted: dict[tuple[str, str], int] = {}
+        for sub, result in zip(taken, results, strict=True):
+            if isinstance(result, list):
+                for r in sub.records:
+                    k = (sub.source, r.topic)
+                    accepted[k] = accepted.get(k, 0) + 1
+            else:
+                reason = "buffer_full" if isinstance(result, BufferFull) else result.reason
+                reg.inc("messages_rejected", len(sub.records), source=sub.source, reason=reason)
+        for (source, topic), n in accepted.items():
+            reg.inc("messages_accepted", n, source=source, topic=topic)

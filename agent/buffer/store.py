@@ -1,0 +1,523 @@
+"""The LMDB write-ahead buffer. The only module in Ferry that touches LMDB.
+
+One LMDB environment holds:
+
+- ``messages``: ``topic NUL id`` -> encoded record (see codec.py). FIFO per topic.
+- ``meta``: the id counter, and per-topic message count and bytes, kept exact by updating them
+  in the same transaction as the messages.
+- ``state``: small ingest-side state that must commit atomically with messages (spool file
+  progress, idempotency keys, topic definitions and generations).
+- ``tracking``: id -> what became of a recent message (delivered where, or discarded why).
+
+Every write transaction is durable when ``commit`` returns (sync on, no writemap): that is the
+moment Ferry may acknowledge. Several processes open the same environment (the ingest process
+writes, the forwarder process reads and deletes); LMDB serialises their writers.
+
+Design notes are in docs/buffer.md.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import struct
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lmdb
+
+from agent.buffer import codec, keys
+from agent.records import Record
+
+_COUNT = struct.Struct(">qq")  # messages, bytes
+_LAST_ID = b"last_id"
+_COUNT_PREFIX = b"n:"
+_GEN_PREFIX = b"gen:"
+# LMDB needs room beyond the messages themselves: the free list, tracking, state, and space
+# for the forwarder's deletes to proceed when ingest has been refused for being full.
+_HEADROOM_FRACTION = 0.25
+_HEADROOM_MIN = 64 * 1024 * 1024
+_INITIAL_MAP = 256 * 1024 * 1024
+# Per-record overhead estimate (LMDB node header, key) used to decide fullness before writing.
+RECORD_OVERHEAD = 48
+
+
+class BufferFull(Exception):
+    """Accepting this would take the buffer past ``buffer.max_bytes``."""
+
+
+class BufferUnavailable(Exception):
+    """The disk refused the write (ENOSPC, EIO, ...); nothing of the transaction was kept."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    key: bytes  # LMDB key: topic NUL id
+    id: bytes
+    record: Record
+    generation: int
+    stored_bytes: int
+
+    @property
+    def topic(self) -> str:
+        return self.record.topic
+
+    @property
+    def accepted_ms(self) -> int:
+        return keys.id_timestamp_ms(self.id)
+
+
+@dataclass(frozen=True, slots=True)
+class Corrupt:
+    """A stored value that does not decode; reported so the forwarder can discard it."""
+
+    key: bytes
+    id: bytes
+    topic: str
+    raw: bytes
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What became of a buffered message, written to ``tracking`` when it leaves the buffer."""
+
+    key: bytes
+    stored_bytes: int
+    state: str  # "delivered" | "discarded"
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicStats:
+    topic: str
+    messages: int
+    bytes: int
+    oldest_ms: int | None
+
+
+class Store:
+    """An open buffer environment. Thread-safe; open once per process."""
+
+    def __init__(
+        self,
+        path: Path,
+        max_bytes: int,
+        *,
+        initial_map_bytes: int = _INITIAL_MAP,
+        track: bool = True,
+        track_seconds: int = 3600,
+        readonly: bool = False,
+    ) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self.map_cap = max_bytes + max(int(max_bytes * _HEADROOM_FRACTION), _HEADROOM_MIN)
+        self.track = track
+        self.track_seconds = track_seconds
+        if not readonly:
+            path.mkdir(parents=True, exist_ok=True)
+        existing = path / "data.mdb"
+        start = max(initial_map_bytes, existing.stat().st_size if existing.exists() else 0)
+        self._env = lmdb.open(
+            str(path),
+            map_size=min(start, self.map_cap),
+            max_dbs=8,
+            sync=True,
+            metasync=True,
+            writemap=False,
+            map_async=False,
+            readahead=False,
+            readonly=readonly,
+            lock=True,
+        )
+        # A map another process grew is larger than ours: adopt it.
+        self._env.set_mapsize(0)
+        self._messages = self._env.open_db(b"messages", create=not readonly)
+        self._meta = self._env.open_db(b"meta", create=not readonly)
+        self._state = self._env.open_db(b"state", create=not readonly)
+        self._tracking = self._env.open_db(b"tracking", create=not readonly)
+        # set_mapsize() may only run while this process has no transaction open; every
+        # transaction goes through _txn(), which counts them.
+        self._gate = threading.Condition()
+        self._active = 0
+        self._resizing = False
+
+    def close(self) -> None:
+        self._env.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transactions ----------------------------------------------------------------------
+    @contextmanager
+    def _txn(self, write: bool) -> Iterator[lmdb.Transaction]:
+        with self._gate:
+            while self._resizing:
+                self._gate.wait()
+            self._active += 1
+        try:
+            for attempt in range(3):
+                try:
+                    txn = self._env.begin(write=write)
+                    break
+                except lmdb.MapResizedError:
+                    # Another process grew the map; adopt its size and try again. Step out
+                    # of the active count meanwhile, or two threads doing this would wait
+                    # for each other.
+                    if attempt == 2:
+                        raise
+                    with self._gate:
+                        self._active -= 1
+                        self._gate.notify_all()
+                    self._exclusive(lambda: self._env.set_mapsize(0))
+                    with self._gate:
+                        while self._resizing:
+                            self._gate.wait()
+                        self._active += 1
+            try:
+                yield txn
+            except BaseException:
+                txn.abort()
+                raise
+            else:
+                txn.commit()
+        finally:
+            with self._gate:
+                self._active -= 1
+                self._gate.notify_all()
+
+    def _exclusive(self, action: Any) -> None:
+        """Run ``action`` once no other transaction of this process is open."""
+        with self._gate:
+            while self._resizing:
+                self._gate.wait()
+            self._resizing = True
+            try:
+                while self._active > 0:
+                    self._gate.wait()
+                action()
+            finally:
+                self._resizing = False
+                self._gate.notify_all()
+
+    def _write(self, body: Any) -> Any:
+        """Run ``body(txn)`` in a durable write transaction, growing the map when it fills."""
+        while True:
+            try:
+                with self._txn(write=True) as txn:
+                    return body(txn)
+            except lmdb.MapFullError:
+                current = self._env.info()["map_size"]
+                if current >= self.map_cap:
+                    raise BufferFull("the buffer's LMDB map is at its maximum size") from None
+                new = min(self.map_cap, current * 2)
+                self._exclusive(lambda size=new: self._env.set_mapsize(size))
+            except lmdb.Error as exc:
+                raise _unavailable(exc) from None
+
+    # -- capacity --------------------------------------------------------------------------
+    def used_bytes(self) -> int:
+        """Bytes of LMDB pages holding messages (what ``max_bytes`` limits)."""
+        with self._txn(write=False) as txn:
+            return self._used(txn)
+
+    def _used(self, txn: lmdb.Transaction) -> int:
+        s = txn.stat(self._messages)
+        return int((s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"]) * s["psize"])
+
+    def map_size(self) -> int:
+        return int(self._env.info()["map_size"])
+
+    # -- ingest side -----------------------------------------------------------------------
+    def append(
+        self,
+        batches: Sequence[Sequence[Record]],
+        *,
+        state_puts: Mapping[bytes, bytes] | None = None,
+        state_deletes: Iterable[bytes] = (),
+        enforce_limit: bool = True,
+    ) -> list[list[bytes] | BufferFull]:
+        """Commit several groups of records in one durable transaction.
+
+        Returns, per group, its message ids, or ``BufferFull`` when that group did not fit:
+        groups are all-or-nothing, and a group that does not fit does not stop later, smaller
+        ones. ``state_puts``/``state_deletes`` commit in the same transaction.
+        """
+
+        def body(txn: lmdb.Transaction) -> list[list[bytes] | BufferFull]:
+            room = self.max_bytes - self._used(txn) if enforce_limit else 1 << 62
+            raw = txn.get(_LAST_ID, db=self._meta)
+            last_ts, seq = keys.ID.unpack(raw) if raw else (0, 0)
+            ts = max(int(time.time() * 1000), last_ts)
+            if ts == last_ts:
+                seq += 1
+            else:
+                seq = 0
+            generations: dict[str, int] = {}
+            counts: dict[str, list[int]] = {}
+            items: list[tuple[bytes, bytes]] = []
+            results: list[list[bytes] | BufferFull] = []
+            for group in batches:
+                need = sum(r.size + len(r.topic) + RECORD_OVERHEAD for r in group)
+                if need > room:
+                    results.append(BufferFull(
+                        f"buffer full: {need} bytes do not fit in the {max(room, 0)} left"))
+                    continue
+                room -= need
+                ids: list[bytes] = []
+                for r in group:
+                    gen = generations.get(r.topic)
+                    if gen is None:
+                        gen = generations[r.topic] = self._generation(txn, r.topic)
+                    if seq > 0xFFFFFFFF:
+                        ts, seq = ts + 1, 0
+                    mid = keys.ID.pack(ts, seq)
+                    seq += 1
+                    value = codec.encode(r, gen)
+                    k = keys.message_key(r.topic, mid)
+                    items.append((k, value))
+                    ids.append(mid)
+                    c = counts.get(r.topic)
+                    if c is None:
+                        c = counts[r.topic] = [0, 0]
+                    c[0] += 1
+                    c[1] += len(k) + len(value)
+                results.append(ids)
+            if items:
+                with txn.cursor(self._messages) as cur:
+                    cur.putmulti(items)
+                txn.put(_LAST_ID, keys.ID.pack(ts, max(seq - 1, 0)), db=self._meta)
+                self._adjust_counts(txn, counts, +1)
+            for k, v in (state_puts or {}).items():
+                txn.put(k, v, db=self._state)
+            for k in state_deletes:
+                txn.delete(k, db=self._state)
+            return results
+
+        result: list[list[bytes] | BufferFull] = self._write(body)
+        return result
+
+    def _adjust_counts(
+        self, txn: lmdb.Transaction, counts: Mapping[str, list[int]], sign: int
+    ) -> None:
+        for topic, (n, b) in counts.items():
+            ck = _COUNT_PREFIX + topic.encode("ascii")
+            raw = txn.get(ck, db=self._meta)
+            cn, cb = _COUNT.unpack(raw) if raw else (0, 0)
+            cn, cb = cn + sign * n, cb + sign * b
+            if cn <= 0:
+                txn.delete(ck, db=self._meta)
+            else:
+                txn.put(ck, _COUNT.pack(cn, cb), db=self._meta)
+
+    # -- state (ingest-side bookkeeping) ---------------------------------------------------
+    def get_state(self, key: bytes) -> bytes | None:
+        with self._txn(write=False) as txn:
+            value = txn.get(key, db=self._state)
+            return bytes(value) if value is not None else None
+
+    def state_items(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        with self._txn(write=False) as txn, txn.cursor(self._state) as cur:
+            out = []
+            if cur.set_range(prefix):
+                for k, v in cur:
+                    if not bytes(k).startswith(prefix):
+                        break
+                    out.append((bytes(k), bytes(v)))
+            return out
+
+    def update_state(
+        self, puts: Mapping[bytes, bytes] | None = None, deletes: Iterable[bytes] = ()
+    ) -> None:
+        def body(txn: lmdb.Transaction) -> None:
+            for k, v in (puts or {}).items():
+                txn.put(k, v, db=self._state)
+            for k in deletes:
+                txn.delete(k, db=self._state)
+
+        self._write(body)
+
+    def _generation(self, txn: lmdb.Transaction, topic: str) -> int:
+        raw = txn.get(_GEN_PREFIX + topic.encode("ascii"), db=self._state)
+        return int(raw) if raw else 0
+
+    def generation(self, topic: str) -> int:
+        with self._txn(write=False) as txn:
+            return self._generation(txn, topic)
+
+    def generations(self) -> dict[str, int]:
+        return {k[len(_GEN_PREFIX):].decode("ascii"): int(v)
+                for k, v in self.state_items(_GEN_PREFIX)}
+
+    def bump_generation(self, topic: str) -> int:
+        """Start a new generation of ``topic``: its buffered messages will not be sent."""
+
+        def body(txn: lmdb.Transaction) -> int:
+            gen = self._generation(txn, topic) + 1
+            txn.put(_GEN_PREFIX + topic.encode("ascii"), str(gen).encode(), db=self._state)
+            return gen
+
+        result: int = self._write(body)
+        return result
+
+    # -- forwarder side --------------------------------------------------------------------
+    def topics(self) -> list[str]:
+        """Topics that have buffered messages."""
+        with self._txn(write=False) as txn, txn.cursor(self._meta) as cur:
+            out = []
+            if cur.set_range(_COUNT_PREFIX):
+                for k in cur.iternext(keys=True, values=False):
+                    if not bytes(k).startswith(_COUNT_PREFIX):
+                        break
+                    out.append(bytes(k[len(_COUNT_PREFIX):]).decode("ascii"))
+            return out
+
+    def read(
+        self, topic: str, after: bytes | None, limit: int
+    ) -> list[StoredMessage | Corrupt]:
+        """Up to ``limit`` messages of ``topic`` in FIFO order, after message id ``after``."""
+        prefix = keys.topic_prefix(topic)
+        start = prefix + after if after is not None else prefix
+        out: list[StoredMessage | Corrupt] = []
+        with self._txn(write=False) as txn, txn.cursor(self._messages) as cur:
+            if not cur.set_range(start):
+                return out
+            plen = len(prefix)
+            for k, v in cur:
+                if not bytes(k).startswith(prefix):
+                    break
+                if after is not None and k == start:
+                    continue
+                kb = bytes(k)
+                vb = bytes(v)
+                mid = kb[plen:]
+                try:
+                    d = codec.decode(topic, vb)
+                    out.append(StoredMessage(kb, mid, d.record, d.generation, len(kb) + len(vb)))
+                except codec.CorruptRecord as exc:
+                    out.append(Corrupt(kb, mid, topic, vb, str(exc)))
+                if len(out) >= limit:
+                    break
+        return out
+
+    def remove(self, outcomes: Sequence[Outcome]) -> list[bool]:
+        """Durably delete messages that left the buffer; True per message actually removed.
+
+        False means the message was already gone (a second cluster's acknowledgement).
+        """
+
+        def body(txn: lmdb.Transaction) -> list[bool]:
+            removed: list[bool] = []
+            counts: dict[str, list[int]] = {}
+            now_ms = int(time.time() * 1000)
+            for o in outcomes:
+                ok = txn.delete(o.key, db=self._messages)
+                removed.append(ok)
+                if not ok:
+                    continue
+                topic, mid = keys.split_key(o.key)
+                c = counts.get(topic)
+                if c is None:
+                    c = counts[topic] = [0, 0]
+                c[0] += 1
+                c[1] += o.stored_bytes
+                if self.track:
+                    doc = {"state": o.state, "topic": topic, "at_ms": now_ms, **o.detail}
+                    txn.put(mid, json.dumps(doc, separators=(",", ":")).encode(),
+                            db=self._tracking)
+            self._adjust_counts(txn, counts, -1)
+            if self.track:
+                self._prune_tracking(txn, now_ms)
+            return removed
+
+        result: list[bool] = self._write(body)
+        return result
+
+    def _prune_tracking(self, txn: lmdb.Transaction, now_ms: int, limit: int = 2000) -> None:
+        # Ids start with their acceptance time, so the oldest entries are at the front.
+        cutoff = keys.ID.pack(max(now_ms - self.track_seconds * 1000, 0), 0)
+        with txn.cursor(self._tracking) as cur:
+            n = 0
+            while n < limit and cur.first() and bytes(cur.key()) < cutoff:
+                cur.delete()
+                n += 1
+
+    # -- inspection ------------------------------------------------------------------------
+    def topic_stats(self) -> list[TopicStats]:
+        out = []
+        with self._txn(write=False) as txn:
+            with txn.cursor(self._meta) as meta:
+                counts = []
+                if meta.set_range(_COUNT_PREFIX):
+                    for k, v in meta:
+                        if not bytes(k).startswith(_COUNT_PREFIX):
+                            break
+                        n, b = _COUNT.unpack(v)
+                        counts.append((bytes(k[len(_COUNT_PREFIX):]).decode("ascii"), n, b))
+            with txn.cursor(self._messages) as cur:
+                for topic, n, b in counts:
+                    prefix = keys.topic_prefix(topic)
+                    oldest = None
+                    if cur.set_range(prefix) and bytes(cur.key()).startswith(prefix):
+                        oldest = keys.id_timestamp_ms(bytes(cur.key()[len(prefix):]))
+                    out.append(TopicStats(topic, n, b, oldest))
+        return out
+
+    def locate(self, message_id: bytes) -> dict[str, Any] | None:
+        """Where a recent message is: still buffered (and under which topic) or its outcome."""
+        with self._txn(write=False) as txn:
+            raw = txn.get(message_id, db=self._tracking)
+            if raw is not None:
+                result: dict[str, Any] = json.loads(bytes(raw))
+                return result
+            with txn.cursor(self._meta) as meta:
+                topics = []
+                if meta.set_range(_COUNT_PREFIX):
+                    for k in meta.iternext(keys=True, values=False):
+                        if not bytes(k).startswith(_COUNT_PREFIX):
+                            break
+                        topics.append(bytes(k[len(_COUNT_PREFIX):]).decode("ascii"))
+            for topic in topics:
+                if txn.get(keys.message_key(topic, message_id), db=self._messages) is not None:
+                    return {"state": "buffered", "topic": topic}
+        return None
+
+    def purge(self, topic: str) -> int:
+        """Delete every buffered message of ``topic``; returns how many. For operators."""
+        removed = 0
+        while True:
+            batch = self.read(topic, None, 5000)
+            if not batch:
+                return removed
+            outcomes = [Outcome(m.key, _stored(m), "discarded", {"reason": "purged"})
+                        for m in batch]
+            removed += sum(self.remove(outcomes))
+
+    def sync(self) -> None:
+        self._env.sync(True)
+
+
+def _stored(m: StoredMessage | Corrupt) -> int:
+    if isinstance(m, Corrupt):
+        return len(m.key) + len(m.raw)
+    return m.stored_bytes
+
+
+def _unavailable(exc: lmdb.Error) -> BufferUnavailable:
+    text = str(exc)
+    code = getattr(exc, "errno", None) if hasattr(exc, "errno") else None
+    if code == errno.ENOSPC or "No space left" in text or "ENOSPC" in text:
+        return BufferUnavailable("disk_full", f"disk full: {text}")
+    return BufferUnavailable("disk_error", f"buffer write failed: {text}")

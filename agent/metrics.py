@@ -1,0 +1,322 @@
+"""The one metrics registry: every counter, gauge and recent-sample list Ferry keeps.
+
+Each process (the ingest process and the forwarder process) owns a ``Registry``. Child
+processes ship ``snapshot()`` to the parent a few times a second; the parent's registry
+``merge()``s them, so whatever reads the parent's registry (status page, JSON, Prometheus)
+sees every process's numbers. Counters from a child that restarted keep counting from where
+the old child left off.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Kind = Literal["counter", "gauge", "histogram"]
+LabelKey = tuple[tuple[str, str], ...]
+
+# Seconds; sized for fsync commits (sub-ms on good disks, tens of ms on bad ones) and Kafka.
+LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = ()
+
+
+DEFINITIONS: dict[str, MetricDef] = {
+    d.name: d
+    for d in (
+        MetricDef("messages_received", "counter",
+                  "Messages handed to Ferry by clients, before validation.", ("source",)),
+        MetricDef("messages_accepted", "counter",
+                  "Messages durably committed to the buffer.", ("source", "topic")),
+        MetricDef("messages_rejected", "counter",
+                  "Input refused before it was committed (never acknowledged).",
+                  ("source", "reason")),
+        MetricDef("messages_delivered", "counter",
+                  "Messages acknowledged by a Kafka cluster and removed from the buffer.",
+                  ("topic", "cluster")),
+        MetricDef("messages_discarded", "counter",
+                  "Buffered messages discarded by an explicit rule; each is in the discard log.",
+                  ("topic", "reason")),
+        MetricDef("messages_duplicate_acks", "counter",
+                  "Acknowledgements for messages already removed (e.g. both clusters acked).",
+                  ("topic", "cluster")),
+        MetricDef("delivery_failures", "counter",
+                  "Failed delivery attempts (the message stays buffered and is retried).",
+                  ("topic", "cluster", "error")),
+        MetricDef("buffer_commits", "counter", "Durable buffer transactions committed.",
+                  ("writer",)),
+        MetricDef("buffer_commit_seconds", "histogram",
+                  "Time to commit a group of messages durably (write + fsync).", ("writer",)),
+        MetricDef("buffer_messages", "gauge", "Messages in the buffer.", ("topic",)),
+        MetricDef("buffer_bytes", "gauge", "Bytes of message data in the buffer.", ("topic",)),
+        MetricDef("buffer_oldest_age_seconds", "gauge",
+                  "Age of the oldest buffered message.", ("topic",)),
+        MetricDef("buffer_used_bytes", "gauge", "LMDB pages in use by buffered messages."),
+        MetricDef("buffer_max_bytes", "gauge", "Configured buffer capacity."),
+        MetricDef("buffer_full", "gauge", "1 while new input is refused for lack of space."),
+        MetricDef("produce_latency_seconds", "histogram",
+                  "Time from produce() to the cluster's acknowledgement.", ("cluster",)),
+        MetricDef("cluster_up", "gauge", "1 while the cluster acknowledges messages.",
+                  ("cluster",)),
+        MetricDef("cluster_brokers_up", "gauge", "Brokers in the cluster's metadata.",
+                  ("cluster",)),
+        MetricDef("messages_in_flight", "gauge", "Messages handed to Kafka, not yet acked.",
+                  ("cluster",)),
+        MetricDef("spool_files_ingested", "counter", "Spool files fully ingested."),
+        MetricDef("spool_files_quarantined", "counter", "Spool files moved to quarantine/.",
+                  ("reason",)),
+        MetricDef("spool_files_pending", "gauge", "Spool files waiting to be ingested."),
+        MetricDef("http_requests", "counter", "HTTP requests answered.", ("route", "status")),
+        MetricDef("process_restarts", "counter", "Child processes restarted.", ("process",)),
+    )
+}
+
+SAMPLE_KEEP = 10  # recent samples kept per (kind, reason), as Bruce's discard report does
+
+
+class Histogram:
+    __slots__ = ("buckets", "counts", "total", "count")
+
+    def __init__(self, buckets: tuple[float, ...] = LATENCY_BUCKETS) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        i = 0
+        for i, bound in enumerate(self.buckets):  # noqa: B007 - i is used after the loop
+            if value <= bound:
+                break
+        else:
+            i = len(self.buckets)
+        self.counts[i] += 1
+        self.total += value
+        self.count += 1
+
+    def quantile(self, q: float) -> float | None:
+        """Upper bucket bound below which a fraction ``q`` of observations fall."""
+        if self.count == 0:
+            return None
+        target = q * self.count
+        seen = 0
+        for i, c in enumerate(self.counts):
+            seen += c
+            if seen >= target:
+                return self.buckets[i] if i < len(self.buckets) else float("inf")
+        return float("inf")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"buckets": list(self.buckets), "counts": list(self.counts),
+                "sum": self.total, "count": self.count}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Histogram:
+        h = cls(tuple(data["buckets"]))
+        h.counts = list(data["counts"])
+        h.total = float(data["sum"])
+        h.count = int(data["count"])
+        return h
+
+    def add(self, other: Histogram) -> None:
+        for i, c in enumerate(other.counts):
+            self.counts[i] += c
+        self.total += other.total
+        self.count += other.count
+
+
+def _key(labels: Mapping[str, str]) -> LabelKey:
+    return tuple(sorted(labels.items()))
+
+
+class Registry:
+    """Thread-safe store of every number Ferry reports. Hot paths call it once per batch."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, dict[LabelKey, float]] = {}
+        self._hists: dict[str, dict[LabelKey, Histogram]] = {}
+        self._samples: dict[tuple[str, str], deque[dict[str, Any]]] = {}
+        self._info: dict[str, Any] = {}
+        # Merged state of child processes: latest snapshot per child, plus counter bases
+        # carried over from earlier incarnations of a restarted child.
+        self._children: dict[str, dict[str, Any]] = {}
+        self._bases: dict[str, dict[str, dict[LabelKey, float]]] = {}
+        self.started = time.time()
+
+    # -- recording -------------------------------------------------------------------------
+    def inc(self, name: str, amount: float = 1, **labels: str) -> None:
+        _check(name, "counter", labels)
+        key = _key(labels)
+        with self._lock:
+            series = self._values.setdefault(name, {})
+            series[key] = series.get(key, 0) + amount
+
+    def set(self, name: str, value: float, **labels: str) -> None:
+        _check(name, "gauge", labels)
+        with self._lock:
+            self._values.setdefault(name, {})[_key(labels)] = value
+
+    def replace_gauge(self, name: str, series: Mapping[LabelKey, float]) -> None:
+        """Set every series of a gauge at once, dropping series that are gone."""
+        with self._lock:
+            self._values[name] = dict(series)
+
+    def observe(self, name: str, value: float, **labels: str) -> None:
+        _check(name, "histogram", labels)
+        key = _key(labels)
+        with self._lock:
+            series = self._hists.setdefault(name, {})
+            hist = series.get(key)
+            if hist is None:
+                hist = series[key] = Histogram()
+            hist.observe(value)
+
+    def sample(self, kind: str, reason: str, item: Mapping[str, Any]) -> None:
+        """Keep one of the last few examples of a reject/discard/error, for people to read."""
+        entry = {"time": time.time(), **item}
+        with self._lock:
+            q = self._samples.get((kind, reason))
+            if q is None:
+                q = self._samples[(kind, reason)] = deque(maxlen=SAMPLE_KEEP)
+            q.append(entry)
+
+    def set_info(self, key: str, value: Any) -> None:
+        with self._lock:
+            self._info[key] = value
+
+    # -- cross-process ---------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """Everything this process recorded, as plain picklable/JSON-able data."""
+        with self._lock:
+            return {
+                "values": {n: [[list(map(list, k)), v] for k, v in s.items()]
+                           for n, s in self._values.items()},
+                "hists": {n: [[list(map(list, k)), h.to_json()] for k, h in s.items()]
+                          for n, s in self._hists.items()},
+                "samples": [[kind, reason, list(q)] for (kind, reason), q in self._samples.items()],
+                "info": dict(self._info),
+            }
+
+    def merge(self, child: str, snap: dict[str, Any]) -> None:
+        """Adopt the latest snapshot of a child process."""
+        with self._lock:
+            previous = self._children.get(child)
+            if previous is not None:
+                self._carry_restart(child, previous, snap)
+            self._children[child] = snap
+
+    def _carry_restart(self, child: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+        # A counter that went down means the child restarted: keep its old total as a base.
+        new_vals = {n: {_tuplify(k): v for k, v in s} for n, s in new["values"].items()}
+        for name, series in old["values"].items():
+            if DEFINITIONS.get(name, MetricDef(name, "gauge", "")).kind != "counter":
+                continue
+            for k, v in series:
+                key = _tuplify(k)
+                if new_vals.get(name, {}).get(key, 0) < v:
+                    base = self._bases.setdefault(child, {}).setdefault(name, {})
+                    base[key] = base.get(key, 0) + v
+
+    # -- reading ---------------------------------------------------------------------------
+    def view(self) -> View:
+        """A consistent merged copy of every process's numbers."""
+        with self._lock:
+            values = {n: dict(s) for n, s in self._values.items()}
+            hists: dict[str, dict[LabelKey, Histogram]] = {}
+            for n, s in self._hists.items():
+                hists[n] = {}
+                for k, h in s.items():
+                    copy = Histogram(h.buckets)
+                    copy.add(h)
+                    hists[n][k] = copy
+            samples = {k: list(q) for k, q in self._samples.items()}
+            info = dict(self._info)
+            for child, snap in self._children.items():
+                for name, series in snap["values"].items():
+                    kind = DEFINITIONS.get(name, MetricDef(name, "gauge", "")).kind
+                    target = values.setdefault(name, {})
+                    for k, v in series:
+                        key = _tuplify(k)
+                        if kind == "counter":
+                            target[key] = target.get(key, 0) + v
+                        else:
+                            target[key] = v
+                for name, bases in self._bases.get(child, {}).items():
+                    target = values.setdefault(name, {})
+                    for key, v in bases.items():
+                        target[key] = target.get(key, 0) + v
+                for name, series in snap["hists"].items():
+                    htarget = hists.setdefault(name, {})
+                    for k, hj in series:
+                        key = _tuplify(k)
+                        h = Histogram.from_json(hj)
+                        if key in htarget:
+                            htarget[key].add(h)
+                        else:
+                            htarget[key] = h
+                for kind, reason, items in snap["samples"]:
+                    merged = samples.setdefault((kind, reason), [])
+                    merged.extend(items)
+                    merged.sort(key=lambda e: e["time"])
+                    del merged[:-SAMPLE_KEEP]
+                info.update(snap["info"])
+            return View(values, hists, samples, info, self.started)
+
+
+@dataclass
+class View:
+    values: dict[str, dict[LabelKey, float]]
+    hists: dict[str, dict[LabelKey, Histogram]]
+    samples: dict[tuple[str, str], list[dict[str, Any]]]
+    info: dict[str, Any]
+    started: float
+
+    def total(self, name: str, **match: str) -> float:
+        """Sum of a metric over every series whose labels include ``match``."""
+        want = set(match.items())
+        return sum(v for k, v in self.values.get(name, {}).items() if want <= set(k))
+
+    def by(self, name: str, label: str, **match: str) -> dict[str, float]:
+        """A metric summed per value of one label."""
+        want = set(match.items())
+        out: dict[str, float] = {}
+        for k, v in self.values.get(name, {}).items():
+            if want <= set(k):
+                lv = dict(k).get(label, "")
+                out[lv] = out.get(lv, 0) + v
+        return out
+
+    def histogram(self, name: str, **match: str) -> Histogram:
+        want = set(match.items())
+        out = Histogram()
+        for k, h in self.hists.get(name, {}).items():
+            if want <= set(k):
+                out.add(h)
+        return out
+
+
+def _tuplify(k: Iterable[Iterable[str]]) -> LabelKey:
+    return tuple((str(a), str(b)) for a, b in k)
+
+
+def _check(name: str, kind: Kind, labels: Mapping[str, str]) -> None:
+    d = DEFINITIONS.get(name)
+    if d is None or d.kind != kind or set(labels) != set(d.labels):
+        raise KeyError(f"metric {name!r} ({kind}) with labels {sorted(labels)} is not defined")
+
+
+# The process's registry. Each process has its own; the ingest process also holds the merge.
+REGISTRY = Registry()
