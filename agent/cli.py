@@ -1,0 +1,227 @@
+"""The ``ferry`` command: run the daemon, send messages, inspect the buffer, replay discards."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from agent import __version__
+from agent.config import ConfigError, FerryConfig, load_config
+
+log = logging.getLogger("ferry")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    try:
+        result: int = args.func(args)
+        return result
+    except ConfigError as exc:
+        print(f"ferry: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ferry", description=__doc__)
+    p.add_argument("--version", action="version", version=f"ferry {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the agent")
+    run.add_argument("--config", type=Path, help="TOML file (default /etc/ferry/ferry.toml "
+                     "when present); FERRY_* variables override it")
+    run.add_argument("--try-out", action="store_true",
+                     help="try Ferry on this machine: state under ./var, a local tansu broker "
+                     "started for the session")
+    run.set_defaults(func=_run)
+
+    send = sub.add_parser("send", help="send messages to the datagram socket (like to_bruce)")
+    send.add_argument("--socket-path", type=Path, default=None,
+                      help="default: socket.path of the config, else /run/ferry/ferry.sock")
+    send.add_argument("--config", type=Path)
+    send.add_argument("--topic", required=True)
+    src = send.add_mutually_exclusive_group(required=True)
+    src.add_argument("--value", help="message value")
+    src.add_argument("--stdin", action="store_true", help="read the value from standard input")
+    send.add_argument("--key", help="Kafka message key")
+    send.add_argument("--partition-key", type=int,
+                      help="32-bit partition key: send a PartitionKey message")
+    send.add_argument("--count", type=int, default=1, help="send the message this many times")
+    send.set_defaults(func=_send)
+
+    status = sub.add_parser("status", help="summary of a running agent; exit code for "
+                            "monitoring (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN)")
+    status.add_argument("--url", default=None, help="default: from the config's http.listen")
+    status.add_argument("--config", type=Path)
+    status.add_argument("--timeout", type=float, default=5.0)
+    status.set_defaults(func=_status)
+
+    buf = sub.add_parser("buffer", help="inspect the buffer (works while the agent runs)")
+    buf.add_argument("--config", type=Path)
+    bsub = buf.add_subparsers(dest="buffer_command", metavar="ACTION", required=True)
+    bsub.add_parser("topics", help="per-topic depth, bytes and oldest message")
+    peek = bsub.add_parser("peek", help="show the oldest messages of a topic")
+    peek.add_argument("topic")
+    peek.add_argument("--limit", type=int, default=10)
+    purge = bsub.add_parser("purge", help="delete every buffered message of a topic")
+    purge.add_argument("topic")
+    purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    buf.set_defaults(func=_buffer)
+
+    replay = sub.add_parser("replay", help="put messages from a discard log back in the buffer")
+    replay.add_argument("file", type=Path)
+    replay.add_argument("--config", type=Path)
+    replay.set_defaults(func=_replay)
+    return p
+
+
+# -- run -----------------------------------------------------------------------------------
+def _run(args: argparse.Namespace) -> int:
+    from agent.daemon import Agent, run_until_signalled
+    from agent.logs import setup_logging
+
+    if args.try_out:
+        from agent.tryout import TryOut
+
+        with TryOut(Path.cwd() / "var", config_path=args.config) as trial:
+            setup_logging(trial.config.log_level)
+            agent = Agent(trial.config)
+            trial.print_welcome()
+            run_until_signalled(agent)
+        return 0
+    config = load_config(args.config)
+    setup_logging(config.log_level)
+    try:
+        agent = Agent(config)
+    except Exception as exc:  # noqa: BLE001 - say what is wrong in one line, not a traceback
+        print(f"ferry: cannot open the buffer at {config.buffer.path}: {exc}", file=sys.stderr)
+        return 1
+    run_until_signalled(agent)
+    return 0
+
+
+# -- send ----------------------------------------------------------------------------------
+def _send(args: argparse.Namespace) -> int:
+    from agent.client import FerryClient
+
+    path = args.socket_path
+    if path is None:
+        path = _config(args).socket.path or Path("/run/ferry/ferry.sock")
+    value = sys.stdin.buffer.read() if args.stdin else args.value.encode()
+    key = args.key.encode() if args.key is not None else None
+    try:
+        with FerryClient(path) as client:
+            for _ in range(args.count):
+                client.send(args.topic, value, key=key, partition_key=args.partition_key)
+    except (OSError, ValueError) as exc:
+        print(f"ferry send: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+# -- status --------------------------------------------------------------------------------
+def _status(args: argparse.Namespace) -> int:
+    from status.cli import status_command
+
+    url = args.url
+    if url is None:
+        url = f"http://{_config(args).http.listen}"
+    result: int = status_command(url, args.timeout)
+    return result
+
+
+# -- buffer --------------------------------------------------------------------------------
+def _buffer(args: argparse.Namespace) -> int:
+    import time
+
+    from agent.buffer import keys
+    from agent.buffer.store import Corrupt, Store
+
+    config = _config(args)
+    if not (config.buffer.path / "data.mdb").exists():
+        print(f"ferry buffer: no buffer at {config.buffer.path}", file=sys.stderr)
+        return 1
+    with Store(config.buffer.path, config.buffer.max_bytes) as store:
+        if args.buffer_command == "topics":
+            now = time.time() * 1000
+            print(f"{'topic':40} {'messages':>10} {'bytes':>12} {'oldest':>10}")
+            for s in store.topic_stats():
+                age = f"{(now - s.oldest_ms) / 1000:.0f}s" if s.oldest_ms else "-"
+                print(f"{s.topic:40} {s.messages:>10} {s.bytes:>12} {age:>10}")
+            print(f"used {store.used_bytes()} of {config.buffer.max_bytes} bytes")
+            return 0
+        if args.buffer_command == "peek":
+            for m in store.read(args.topic, None, args.limit):
+                if isinstance(m, Corrupt):
+                    print(f"{keys.id_text(m.id)} CORRUPT: {m.error}")
+                    continue
+                r = m.record
+                print(f"{keys.id_text(m.id)} ts={r.timestamp_ms} key={r.key!r} "
+                      f"partition_key={r.partition_key} value={r.value[:200]!r}")
+            return 0
+        if args.buffer_command == "purge":
+            if not args.yes:
+                if not sys.stdin.isatty():
+                    print("ferry buffer purge: refusing without --yes (no terminal to ask)",
+                          file=sys.stderr)
+                    return 1
+                answer = input(f"Delete every buffered message of {args.topic!r}? "
+                               "They will not be delivered. Type the topic name to confirm: ")
+                if answer.strip() != args.topic:
+                    print("not purged")
+                    return 1
+            n = store.purge(args.topic)
+            print(f"purged {n} messages of {args.topic}")
+            return 0
+    return 2
+
+
+# -- replay --------------------------------------------------------------------------------
+def _replay(args: argparse.Namespace) -> int:
+    from agent.buffer.store import BufferFull, Store
+    from agent.forwarder.discard_log import ReplayError, read_discards
+    from agent.records import Record
+
+    config = _config(args)
+    total = 0
+
+    def put(store: Store, batch: list[Record]) -> int:
+        (result,) = store.append([batch])
+        if isinstance(result, BufferFull):
+            raise result
+        return len(batch)
+
+    try:
+        with Store(config.buffer.path, config.buffer.max_bytes) as store:
+            batch: list[Record] = []
+            for _, record in read_discards(args.file):
+                batch.append(record)
+                if len(batch) >= 5000:
+                    total += put(store, batch)
+                    batch = []
+            if batch:
+                total += put(store, batch)
+    except (ReplayError, BufferFull, OSError) as exc:
+        print(f"ferry replay: {exc} ({total} messages were put back before it)",
+              file=sys.stderr)
+        return 1
+    print(f"replayed {total} messages from {args.file}")
+    return 0
+
+
+def _config(args: argparse.Namespace) -> FerryConfig:
+    return load_config(getattr(args, "config", None))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""The daemon: starts each stage, watches them, stops them in order.
+
+Process layout (docs/design.md explains why): the ingest process runs the socket, HTTP and
+spool sources and the buffer's writer thread; the forwarder runs in a second process that
+opens the same LMDB environment, so neither competes with the other for one GIL. The ingest
+process restarts the forwarder if it dies and merges its metrics into the one registry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import socket
+import threading
+import time
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any, Protocol
+
+from agent.buffer.committer import Committer
+from agent.buffer.store import Store
+from agent.config import FerryConfig
+from agent.forwarder import process as forwarder_process
+from agent.metrics import REGISTRY, Registry
+from agent.runtime import Phase, Runtime
+
+log = logging.getLogger(__name__)
+
+
+class Stage(Protocol):
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+class ForwarderHandle:
+    """The forwarder child process, seen from the ingest process."""
+
+    def __init__(self, config: FerryConfig, registry: Registry) -> None:
+        self.config = config
+        self.registry = registry
+        self._ctx = multiprocessing.get_context("spawn")
+        self._proc: BaseProcess | None = None
+        self._conn: Connection | None = None
+        self._stopping = False
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._watch, name="forwarder-watch", daemon=True)
+        self.restarts = 0
+
+    def start(self) -> None:
+        self._spawn()
+        self._thread.start()
+
+    def _spawn(self) -> None:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(
+            target=forwarder_process.main,
+            args=(self.config.model_dump(mode="json", by_alias=True), child),
+            name="ferry-forwarder",
+            daemon=True,
+        )
+        proc.start()
+        child.close()
+        with self._lock:
+            self._proc, self._conn = proc, parent
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def _watch(self) -> None:
+        while True:
+            with self._lock:
+                conn, proc = self._conn, self._proc
+            assert conn is not None and proc is not None
+            try:
+                if conn.poll(0.5):
+                    kind, payload = conn.recv()
+                    if kind == "metrics":
+                        self.registry.merge("forwarder", payload)
+                    continue
+            except (EOFError, OSError):
+                pass
+            if proc.is_alive():
+                continue
+            if self._stopping:
+                return
+            log.error("forwarder process exited with %s; restarting it", proc.exitcode)
+            self.restarts += 1
+            self.registry.inc("process_restarts", process="forwarder")
+            time.sleep(min(0.2 * self.restarts, 5.0))  # back off a crash loop
+            self._spawn()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        self._stopping = True
+        with self._lock:
+            conn, proc = self._conn, self._proc
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.send("stop")
+        if proc is not None:
+            proc.join(timeout)
+            if proc.is_alive():
+                log.error("forwarder did not stop in %.0f s; killing it", timeout)
+                proc.kill()
+                proc.join(5)
+        if self._thread.is_alive():
+            self._thread.join(2.0)
+
+
+class Agent:
+    def __init__(self, config: FerryConfig, registry: Registry = REGISTRY) -> None:
+        self.config = config
+        self.registry = registry
+        self.store = Store(config.buffer.path, config.buffer.max_bytes,
+                           track=config.status.track_messages,
+                           track_seconds=config.status.track_seconds)
+        self.committer = Committer(self.store, registry=registry,
+                                   max_batch_messages=config.buffer.commit_max_messages,
+                                   linger_ms=config.buffer.commit_interval_ms)
+        self.runtime = Runtime(config, self.store, self.committer, registry)
+        self.forwarder = ForwarderHandle(config, registry)
+        self.stages: list[Stage] = []
+        self._stopped = threading.Event()
+        self._monitor = threading.Thread(target=self._monitor_loop, name="monitor", daemon=True)
+        registry.set_info("version", _version())
+        registry.set("buffer_max_bytes", float(config.buffer.max_bytes))
+
+    def start(self) -> None:
+        self.committer.start()
+        self.forwarder.start()
+        cfg = self.config
+        if cfg.socket.path is not None:
+            from agent.ingest.socket_server import SocketServer
+
+            self.stages.append(SocketServer(cfg, self.committer, self.registry))
+        if cfg.http.listen:
+            self.stages.append(_http_stage(self.runtime))
+        if cfg.spool.dirs:
+            spool = _spool_stage(self.runtime)
+            if spool is not None:
+                self.stages.append(spool)
+        for stage in self.stages:
+            stage.start()
+        self._monitor.start()
+        self.runtime.set_phase(Phase.RUNNING)
+        sd_notify("READY=1\nSTATUS=accepting messages")
+        log.info("ferry %s running: buffer %s, socket %s, http %s", _version(),
+                 cfg.buffer.path, cfg.socket.path, cfg.http.listen or "off")
+
+    def stop(self) -> None:
+        """Refuse new work, finish what is in progress, leave the buffer consistent."""
+        sd_notify("STOPPING=1")
+        self.runtime.set_phase(Phase.STOPPING)
+        for stage in reversed(self.stages):
+            try:
+                stage.stop()
+            except Exception:  # noqa: BLE001 - keep stopping the others
+                log.exception("stopping %s failed", type(stage).__name__)
+        self.committer.close()
+        self.forwarder.stop()
+        self._stopped.set()
+        self.store.close()
+        log.info("ferry stopped")
+
+    def _monitor_loop(self) -> None:
+        """Buffer gauges for the status page, once a second."""
+        while not self._stopped.wait(1.0):
+            try:
+                self.refresh_gauges()
+            except Exception:  # noqa: BLE001 - monitoring must not take the agent down
+                log.exception("refreshing buffer gauges failed")
+
+    def refresh_gauges(self) -> None:
+        if self._stopped.is_set():
+            return
+        now_ms = time.time() * 1000
+        stats = self.store.topic_stats()
+        reg = self.registry
+        reg.replace_gauge("buffer_messages", {(("topic", s.topic),): s.messages for s in stats})
+        reg.replace_gauge("buffer_bytes", {(("topic", s.topic),): s.bytes for s in stats})
+        reg.replace_gauge("buffer_oldest_age_seconds", {
+            (("topic", s.topic),): max(0.0, (now_ms - s.oldest_ms) / 1000)
+            for s in stats if s.oldest_ms is not None})
+        reg.set("buffer_used_bytes", float(self.store.used_bytes()))
+
+
+def _http_stage(runtime: Runtime) -> Stage:
+    from status.routes import routes
+
+    from agent.ingest.http.app import create_app
+    from agent.ingest.http.server import HttpServer
+
+    server: Stage = HttpServer(runtime, create_app(runtime, routes(runtime)))
+    return server
+
+
+def _spool_stage(runtime: Runtime) -> Stage | None:
+    try:
+        from agent.ingest.spool_intake import SpoolIntake
+    except ImportError:
+        return None
+    intake: Stage = SpoolIntake(runtime)
+    return intake
+
+
+def _version() -> str:
+    from agent import __version__
+
+    return __version__
+
+
+def sd_notify(message: str) -> None:
+    """Tell systemd (Type=notify) about our state; a no-op when not run by systemd."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            s.sendall(message.encode())
+    except OSError as exc:
+        log.warning("sd_notify failed: %s", exc)
+
+
+def run_until_signalled(agent: Agent) -> None:
+    import signal
+
+    stop = threading.Event()
+
+    def handler(signum: int, frame: Any) -> None:
+        log.info("signal %d: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    agent.start()
+    try:
+        stop.wait()
+    finally:
+        agent.stop()

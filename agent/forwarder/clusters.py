@@ -1,0 +1,216 @@
+"""A Kafka cluster as the forwarder sees it: producers per ack level, topic layouts, health.
+
+Only the forwarder package touches Kafka, and within it only this module builds clients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from agent.config import ForwarderConfig, KafkaClusterConfig
+from agent.forwarder.partitioner import TopicLayout
+
+log = logging.getLogger(__name__)
+
+METADATA_INTERVAL = 10.0  # seconds between full metadata refreshes
+METADATA_TIMEOUT = 3.0
+
+
+def producer_config(
+    name: str, acks: str, cluster: KafkaClusterConfig, fwd: ForwarderConfig
+) -> dict[str, Any]:
+    """librdkafka settings for one cluster and ack level.
+
+    ``acks=all`` producers are idempotent (no duplicates or reordering from librdkafka's own
+    retries). librdkafka only allows idempotence with acks=all, so ``leader`` producers use
+    acks=1 without it, and are capped at one in-flight request per connection when ordering
+    must survive retries.
+    """
+    conf: dict[str, Any] = {
+        "bootstrap.servers": cluster.bootstrap_servers,
+        "client.id": f"ferry-{name}-{acks}",
+        "compression.type": fwd.compression,
+        "linger.ms": fwd.linger_ms,
+        "batch.num.messages": 10000,
+        "queue.buffering.max.messages": max(2 * fwd.max_in_flight_messages, 100000),
+        "queue.buffering.max.kbytes": 1048576,
+        # A message not acknowledged in this time is reported failed and Ferry re-sends it;
+        # it never leaves the buffer unacknowledged.
+        "message.timeout.ms": 30000,
+        "retry.backoff.ms": fwd.retry_backoff_ms,
+        "retry.backoff.max.ms": fwd.retry_backoff_max_ms,
+        "socket.keepalive.enable": True,
+    }
+    if acks == "all":
+        conf.update({"acks": "all", "enable.idempotence": True})
+    else:
+        conf.update({"acks": 1, "enable.idempotence": False,
+                     "max.in.flight.requests.per.connection": 1})
+    conf.update(cluster.properties)
+    return conf
+
+
+class Cluster:
+    def __init__(
+        self,
+        name: str,
+        config: KafkaClusterConfig,
+        forwarder: ForwarderConfig,
+        on_error: Callable[[str, KafkaError], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.forwarder = forwarder
+        self._on_error = on_error
+        self._producers: dict[str, Producer] = {}
+        self._layouts: dict[str, TopicLayout] = {}
+        self._missing: set[str] = set()  # looked up, not in the cluster's metadata
+        self._wanted: set[str] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.up = True
+        self.brokers = 0
+        self.last_progress = time.monotonic()
+        self.down_since: float | None = None
+        self._thread = threading.Thread(target=self._metadata_loop, name=f"metadata-{name}",
+                                        daemon=True)
+
+    # -- producers -------------------------------------------------------------------------
+    def producer(self, acks: str) -> Producer:
+        p = self._producers.get(acks)
+        if p is None:
+            conf = producer_config(self.name, acks, self.config, self.forwarder)
+            conf["error_cb"] = self._error
+            p = self._producers[acks] = Producer(conf)
+            self._ensure_metadata_thread()
+        return p
+
+    def _ensure_metadata_thread(self) -> None:
+        if not self._thread.is_alive() and not self._stop.is_set():
+            with contextlib.suppress(RuntimeError):  # started by another caller just now
+                self._thread.start()
+
+    def replace_producer(self, acks: str) -> None:
+        """Drop a producer that hit a fatal error; the next send builds a fresh one."""
+        old = self._producers.pop(acks, None)
+        if old is not None:
+            old.purge(in_queue=True, in_flight=True)
+            old.poll(0)
+
+    def _error(self, err: KafkaError) -> None:
+        if err.code() == KafkaError._ALL_BROKERS_DOWN:
+            self.mark_down(f"all brokers down: {err.str()}")
+        if self._on_error is not None:
+            self._on_error(self.name, err)
+
+    def poll(self) -> int:
+        return sum(p.poll(0) for p in list(self._producers.values()))
+
+    def outstanding(self) -> int:
+        return sum(len(p) for p in self._producers.values())
+
+    # -- health ----------------------------------------------------------------------------
+    def mark_ok(self) -> None:
+        self.last_progress = time.monotonic()
+        if not self.up:
+            log.info("cluster %s is back", self.name)
+        self.up = True
+        self.down_since = None
+
+    def mark_down(self, why: str) -> None:
+        if self.up:
+            log.warning("cluster %s is down: %s", self.name, why)
+            self.down_since = time.monotonic()
+        self.up = False
+
+    # -- topic layouts ---------------------------------------------------------------------
+    def layout(self, topic: str) -> TopicLayout | None:
+        """The topic's partitions, or None while they are being looked up."""
+        with self._lock:
+            lay = self._layouts.get(topic)
+            if lay is None and topic not in self._missing and topic not in self._wanted:
+                self._wanted.add(topic)
+                self._wake.set()
+        if lay is None:
+            self._ensure_metadata_thread()
+        return lay
+
+    def known_missing(self, topic: str) -> bool:
+        with self._lock:
+            return topic in self._missing
+
+    def refresh(self, topic: str | None = None) -> None:
+        """Fetch metadata now (all topics, or one — which auto-creates it where allowed)."""
+        producer = self._producers.get("all") or self._producers.get("leader") \
+            or self.producer("all")
+        md = producer.list_topics(topic=topic, timeout=METADATA_TIMEOUT)
+        layouts: dict[str, TopicLayout] = {}
+        missing: set[str] = set()
+        for name, tm in md.topics.items():
+            if tm.error is not None and tm.error.code() in (
+                KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC
+            ):
+                missing.add(name)
+                continue
+            parts = tuple(sorted(tm.partitions))
+            if not parts:
+                missing.add(name)
+                continue
+            avail = tuple(p for p in parts if tm.partitions[p].leader >= 0)
+            layouts[name] = TopicLayout(parts, avail)
+        with self._lock:
+            self.brokers = len(md.brokers)
+            for name, lay in layouts.items():
+                old = self._layouts.get(name)
+                if old is not None and old.partitions == lay.partitions:
+                    old.available = lay.available  # keep the round-robin position
+                else:
+                    self._layouts[name] = lay
+                self._missing.discard(name)
+                self._wanted.discard(name)
+            for name in missing:
+                self._missing.add(name)
+                self._wanted.discard(name)
+        if md.brokers and not self.up:
+            # A metadata answer is our probe: route back once the cluster talks again.
+            self.mark_ok()
+
+    def _metadata_loop(self) -> None:
+        next_full = 0.0
+        while not self._stop.is_set():
+            self._wake.wait(timeout=0.5)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                with self._lock:
+                    wanted = sorted(self._wanted)
+                for topic in wanted:
+                    self.refresh(topic)
+                if time.monotonic() >= next_full:
+                    self.refresh()
+                    next_full = time.monotonic() + METADATA_INTERVAL
+            except KafkaException as exc:
+                self.brokers = 0
+                log.debug("metadata refresh of %s failed: %s", self.name, exc)
+                next_full = time.monotonic() + 1.0
+            except Exception:  # noqa: BLE001 - the metadata thread must outlive surprises
+                log.exception("metadata refresh of %s failed", self.name)
+                next_full = time.monotonic() + 1.0
+
+    def close(self, timeout: float) -> None:
+        self._stop.set()
+        self._wake.set()
+        deadline = time.monotonic() + timeout
+        for p in self._producers.values():
+            p.flush(max(deadline - time.monotonic(), 0))
+        if self._thread.is_alive():
+            self._thread.join(max(deadline - time.monotonic(), 0.1))

@@ -1,0 +1,121 @@
+"""The discard log: one JSON line per message Ferry gave up on, written before it is deleted.
+
+Each line holds everything needed to send the message again (``ferry replay FILE``): topic,
+base64 key and value, partition key, client timestamp, headers, plus why and when it was
+discarded. Lines are fsynced before the buffer deletes the messages, so a crash in between
+leaves a message in both places (replay may duplicate it) but never in neither.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.records import Record
+
+
+@dataclass(frozen=True, slots=True)
+class Discard:
+    reason: str
+    topic: str
+    message_id: str
+    accepted_ms: int | None
+    record: Record | None  # None when the stored bytes did not decode
+    raw: bytes | None = None
+    attempts: int = 0
+    detail: str = ""
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode("ascii")
+
+
+def to_line(d: Discard, now_ms: int) -> dict[str, Any]:
+    line: dict[str, Any] = {
+        "reason": d.reason,
+        "topic": d.topic,
+        "id": d.message_id,
+        "accepted_ms": d.accepted_ms,
+        "discarded_ms": now_ms,
+        "attempts": d.attempts,
+        "detail": d.detail,
+    }
+    if d.record is not None:
+        r = d.record
+        line.update(
+            timestamp_ms=r.timestamp_ms,
+            partition_key=r.partition_key,
+            hash_key=r.hash_key,
+            key=_b64(r.key),
+            value=_b64(r.value),
+            headers=[[n, _b64(v)] for n, v in r.headers],
+        )
+    else:
+        line["raw"] = _b64(d.raw)
+    return line
+
+
+class DiscardLog:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    def write(self, discards: Sequence[Discard]) -> None:
+        """Append and fsync. Raises OSError when the disk refuses (the caller keeps the
+        messages buffered and tries again later)."""
+        if not discards:
+            return
+        now_ms = int(time.time() * 1000)
+        data = "".join(
+            json.dumps(to_line(d, now_ms), separators=(",", ":")) + "\n" for d in discards
+        ).encode()
+        with self._lock:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+            try:
+                view = memoryview(data)
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+class ReplayError(ValueError):
+    pass
+
+
+def read_discards(path: Path) -> Iterator[tuple[int, Record]]:
+    """Records of a discard log, with their line numbers; raises ReplayError on a bad line."""
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                doc = json.loads(raw)
+                if doc.get("value") is None:
+                    raise ReplayError(f"line {lineno}: no decodable message (reason "
+                                      f"{doc.get('reason')!r}); it cannot be replayed")
+                key = doc.get("key")
+                yield lineno, Record(
+                    topic=str(doc["topic"]),
+                    value=base64.b64decode(doc["value"], validate=True),
+                    key=base64.b64decode(key, validate=True) if key is not None else None,
+                    partition_key=doc.get("partition_key"),
+                    timestamp_ms=int(doc.get("timestamp_ms") or time.time() * 1000),
+                    headers=tuple((str(n), base64.b64decode(v)) for n, v in
+                                  doc.get("headers") or ()),
+                    hash_key=bool(doc.get("hash_key", False)),
+                )
+            except ReplayError:
+                raise
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ReplayError(f"{path}:{lineno}: not a discard-log line: {exc}") from None

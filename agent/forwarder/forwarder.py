@@ -1,0 +1,455 @@
+"""The forwarder's run loop: buffer -> Kafka, and out of the buffer only once acknowledged.
+
+One thread does everything (read, produce, handle delivery reports, delete), so no locks are
+needed around the in-flight table; librdkafka's own threads do the network I/O. A message is
+in exactly one of: the buffer only (not read yet), in flight (handed to a producer), waiting
+for a retry, or leaving (acknowledged or discarded, waiting for the batched durable delete).
+
+Per topic, the loop reads in FIFO order after a cursor; after a restart the cursors start at
+the head again, so everything not deleted is sent again (at-least-once).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from confluent_kafka import KafkaError, Message
+
+from agent.buffer import keys
+from agent.buffer.store import Corrupt, Outcome, Store, StoredMessage
+from agent.config import FerryConfig, TopicConfig
+from agent.forwarder.clusters import Cluster
+from agent.forwarder.discard_log import Discard, DiscardLog
+from agent.forwarder.partitioner import UNASSIGNED, choose
+from agent.metrics import REGISTRY, Registry
+
+log = logging.getLogger(__name__)
+
+LOCAL = "local"
+REMOTE = "remote"
+
+# Errors that sending again cannot fix: the message itself is unacceptable to Kafka.
+PERMANENT = {
+    KafkaError.MSG_SIZE_TOO_LARGE,
+    KafkaError.INVALID_MSG,
+    KafkaError.INVALID_MSG_SIZE,
+    KafkaError.INVALID_RECORD,
+    KafkaError.RECORD_LIST_TOO_LARGE,
+    KafkaError.INVALID_TIMESTAMP,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.TOPIC_EXCEPTION,
+}
+
+
+@dataclass(slots=True, eq=False)
+class Flight:
+    msg: StoredMessage
+    settings: TopicConfig
+    attempts: int = 0
+    pending: int = 0  # produce() calls not yet reported
+    sent_local_at: float | None = None
+    sent_remote: bool = False
+    done: bool = False
+    last_error: str = ""
+
+
+@dataclass(slots=True)
+class _TopicState:
+    cursor: bytes | None = None
+    in_flight: int = 0
+    drained_at: float = 0.0
+
+
+@dataclass
+class _Leaving:
+    outcomes: list[Outcome] = field(default_factory=list)
+    flights: list[Flight | None] = field(default_factory=list)
+    discards: list[Discard] = field(default_factory=list)
+    delivered: list[tuple[str, str]] = field(default_factory=list)  # (topic, cluster) per outcome
+    since: float = 0.0
+
+
+class Forwarder:
+    def __init__(
+        self,
+        config: FerryConfig,
+        store: Store,
+        *,
+        registry: Registry = REGISTRY,
+        discard_log: DiscardLog | None = None,
+        topic_settings: Callable[[str], TopicConfig] | None = None,
+        clusters: dict[str, Cluster] | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.registry = registry
+        self.discard_log = discard_log or DiscardLog(config.discard_log_path)
+        self.topic_settings = topic_settings or config.topic
+        fwd = config.forwarder
+        if clusters is None:
+            clusters = {LOCAL: Cluster(LOCAL, config.kafka.local, fwd, self._client_error)}
+            if config.kafka.remote is not None:
+                clusters[REMOTE] = Cluster(REMOTE, config.kafka.remote, fwd, self._client_error)
+        self.clusters = clusters
+        self.max_in_flight = fwd.max_in_flight_messages
+        self.per_topic_cap = max(1000, self.max_in_flight // 4)
+        self.backoff_initial = fwd.retry_backoff_ms / 1000.0
+        self.backoff_max = fwd.retry_backoff_max_ms / 1000.0
+        self._topics: dict[str, _TopicState] = {}
+        self._in_flight = 0
+        self._reports: list[tuple[Flight, str, float, KafkaError | None, int, int]] = []
+        self._retries: list[tuple[float, int, Flight]] = []
+        self._speculative: deque[tuple[float, Flight]] = deque()
+        self._seq = itertools.count()
+        self._leaving = _Leaving()
+        self._generations: dict[str, int] = {}
+        self._next_topic_scan = 0.0
+        self._next_gauges = 0.0
+
+    # -- the loop --------------------------------------------------------------------------
+    def run(self, should_stop: Callable[[], bool]) -> None:
+        while not should_stop():
+            if not self.step():
+                # Idle: wait for delivery reports a moment rather than spin.
+                self._wait(0.002)
+        self.shutdown()
+
+    def step(self) -> bool:
+        """One pass: read and send, handle reports, retries and deletes. True if it did work."""
+        now = time.monotonic()
+        worked = self._read_and_send(now)
+        self._poll()
+        worked |= self._handle_reports()
+        worked |= self._due_retries(now)
+        worked |= self._due_speculative(now)
+        self._check_health(now)
+        lv = self._leaving
+        if lv.outcomes and (len(lv.outcomes) >= 2000 or now - lv.since >= 0.002):
+            self._flush_leaving()
+            worked = True
+        if now >= self._next_gauges:
+            self._gauges()
+            self._next_gauges = now + 0.5
+        return worked
+
+    def _wait(self, timeout: float) -> None:
+        producers = [p for c in self.clusters.values() for p in c._producers.values()]
+        if producers:
+            producers[0].poll(timeout)
+        else:
+            time.sleep(timeout)  # nothing to wait on yet; bounded idle pause
+
+    def _poll(self) -> None:
+        for c in self.clusters.values():
+            c.poll()
+
+    # -- reading ---------------------------------------------------------------------------
+    def _read_and_send(self, now: float) -> bool:
+        if now >= self._next_topic_scan:
+            for t in self.store.topics():
+                self._topics.setdefault(t, _TopicState())
+            self._generations = self.store.generations()
+            self._next_topic_scan = now + 0.01
+        worked = False
+        for topic, st in self._topics.items():
+            room = min(self.per_topic_cap - st.in_flight, self.max_in_flight - self._in_flight)
+            if room <= 0:
+                continue
+            if st.drained_at and now - st.drained_at < 0.001:
+                continue
+            if not self._layout_known(topic):
+                continue  # partitions being looked up; the messages wait in the buffer
+            batch = self.store.read(topic, st.cursor, min(room, 2000))
+            if not batch:
+                st.drained_at = now
+                continue
+            st.drained_at = 0.0
+            worked = True
+            settings = self.topic_settings(topic)
+            ttl_ms = settings.ttl_seconds * 1000
+            gen = self._generations.get(topic, 0)
+            now_ms = int(time.time() * 1000)
+            for m in batch:
+                st.cursor = m.id
+                if isinstance(m, Corrupt):
+                    self._discard_corrupt(m)
+                    continue
+                if m.generation < gen:
+                    self._discard(Flight(m, settings), "generation",
+                                  "the topic was deleted after this message was accepted")
+                    continue
+                if now_ms - m.accepted_ms > ttl_ms:
+                    self._discard(Flight(m, settings), "ttl",
+                                  f"older than ttl_seconds={settings.ttl_seconds}")
+                    continue
+                st.in_flight += 1
+                self._in_flight += 1
+                self._send(Flight(m, settings), now)
+        return worked
+
+    def _layout_known(self, topic: str) -> bool:
+        local = self.clusters[LOCAL]
+        if local.layout(topic) is not None or local.known_missing(topic):
+            return True
+        remote = self.clusters.get(REMOTE)
+        if not local.up and remote is not None:
+            return remote.layout(topic) is not None or remote.known_missing(topic)
+        return False
+
+    # -- sending ---------------------------------------------------------------------------
+    def _send(self, f: Flight, now: float) -> None:
+        local = self.clusters[LOCAL]
+        remote = self.clusters.get(REMOTE)
+        fallback = f.settings.fallback_to_remote and remote is not None
+        if fallback and remote is not None and not local.up and remote.up:
+            self._produce(f, REMOTE)
+            return
+        if self._produce(f, LOCAL) and fallback:
+            delay = f.settings.speculative_send_delay_ms / 1000.0
+            self._speculative.append((now + delay, f))
+
+    def _produce(self, f: Flight, cluster_name: str) -> bool:
+        """Hand ``f`` to a cluster's producer; False if it has to wait (retry queued)."""
+        cluster = self.clusters[cluster_name]
+        r = f.msg.record
+        layout = cluster.layout(r.topic)
+        if layout is None and not cluster.known_missing(r.topic):
+            # Partitions not known yet: a PartitionKey message must not guess.
+            self._schedule_retry(f, 0.01, count=False)
+            return False
+        partition = choose(layout, r.partition_key, r.hash_key)
+        producer = cluster.producer(f.settings.acks)
+        try:
+            producer.produce(
+                r.topic,
+                value=r.value,
+                key=r.key,
+                partition=partition if partition != UNASSIGNED else -1,
+                timestamp=r.timestamp_ms,
+                headers=list(r.headers) if r.headers else None,
+                on_delivery=partial(self._on_delivery, f, cluster_name, time.monotonic()),
+            )
+        except BufferError:
+            self._schedule_retry(f, 0.05, count=False)
+            return False
+        except Exception as exc:  # noqa: BLE001 - e.g. a value over librdkafka's max size
+            self._failed(f, cluster_name, str(exc), permanent=True)
+            return False
+        if cluster_name == LOCAL:
+            f.sent_local_at = time.monotonic()
+        else:
+            f.sent_remote = True
+        f.pending += 1
+        return True
+
+    def _on_delivery(
+        self, f: Flight, cluster: str, t0: float, err: KafkaError | None, msg: Message
+    ) -> None:
+        # Runs inside poll() on this thread: just record; _handle_reports does the work.
+        self._reports.append((f, cluster, t0, err, msg.partition() or 0, msg.offset() or 0))
+
+    def _handle_reports(self) -> bool:
+        if not self._reports:
+            return False
+        reports, self._reports = self._reports, []
+        now = time.monotonic()
+        latencies: dict[str, list[float]] = {}
+        for f, cluster, t0, err, partition, offset in reports:
+            f.pending -= 1
+            if err is None:
+                self.clusters[cluster].mark_ok()
+                latencies.setdefault(cluster, []).append(now - t0)
+                if f.done:
+                    self.registry.inc("messages_duplicate_acks", topic=f.msg.topic,
+                                      cluster=cluster)
+                    continue
+                f.done = True
+                self._leave(f, Outcome(f.msg.key, f.msg.stored_bytes, "delivered", {
+                    "cluster": cluster, "partition": partition, "offset": offset,
+                }), delivered=(f.msg.topic, cluster))
+                continue
+            if f.done:
+                continue
+            if err.fatal():
+                log.error("fatal producer error on %s: %s; recreating the producer",
+                          cluster, err.str())
+                self.clusters[cluster].replace_producer(f.settings.acks)
+            permanent = err.code() in PERMANENT
+            self._failed(f, cluster, err.str() or err.name(), permanent=permanent,
+                         code=err.name())
+        for cluster, values in latencies.items():
+            for v in values[:: max(1, len(values) // 200)]:  # sample: histograms per batch
+                self.registry.observe("produce_latency_seconds", v, cluster=cluster)
+        return True
+
+    def _failed(
+        self, f: Flight, cluster: str, error: str, *, permanent: bool, code: str = "error"
+    ) -> None:
+        f.last_error = error
+        self.registry.inc("delivery_failures", topic=f.msg.topic, cluster=cluster, error=code)
+        self.registry.sample("error", code, {"topic": f.msg.topic, "cluster": cluster,
+                                             "id": keys.id_text(f.msg.id), "detail": error})
+        if permanent:
+            self._discard(f, "invalid", f"{cluster}: {error}", in_flight=True)
+            return
+        if f.pending > 0:
+            return  # the other cluster may still acknowledge it
+        remote = self.clusters.get(REMOTE)
+        # Hermes' fallback: the local send failed, try the remote datacenter at once.
+        if (cluster == LOCAL and f.settings.fallback_to_remote and remote is not None
+                and not f.sent_remote and self._produce(f, REMOTE)):
+            return
+        f.attempts += 1
+        if f.settings.max_attempts and f.attempts >= f.settings.max_attempts:
+            self._discard(f, "attempts", f"{f.attempts} attempts, last error: {error}",
+                          in_flight=True)
+            return
+        delay = min(self.backoff_initial * (2 ** min(f.attempts - 1, 16)), self.backoff_max)
+        self._schedule_retry(f, delay)
+
+    def _schedule_retry(self, f: Flight, delay: float, count: bool = True) -> None:
+        heapq.heappush(self._retries, (time.monotonic() + delay, next(self._seq), f))
+
+    def _due_retries(self, now: float) -> bool:
+        worked = False
+        now_ms = int(time.time() * 1000)
+        while self._retries and self._retries[0][0] <= now:
+            _, _, f = heapq.heappop(self._retries)
+            if f.done:
+                continue
+            worked = True
+            if now_ms - f.msg.accepted_ms > f.settings.ttl_seconds * 1000:
+                self._discard(f, "ttl", f"older than ttl_seconds={f.settings.ttl_seconds}; "
+                              f"last error: {f.last_error}", in_flight=True)
+                continue
+            f.sent_remote = False
+            self._send(f, now)
+        return worked
+
+    def _due_speculative(self, now: float) -> bool:
+        worked = False
+        remote = self.clusters.get(REMOTE)
+        while self._speculative and self._speculative[0][0] <= now:
+            _, f = self._speculative.popleft()
+            if f.done or f.sent_remote or remote is None:
+                continue
+            worked = True
+            self._produce(f, REMOTE)
+        return worked
+
+    # -- health ----------------------------------------------------------------------------
+    def _check_health(self, now: float) -> None:
+        for c in self.clusters.values():
+            limit = c.config.outage_after_seconds
+            if c.up and c.outstanding() > 0 and now - c.last_progress > limit:
+                c.mark_down(f"nothing acknowledged for {limit:g} s")
+
+    def _client_error(self, cluster: str, err: KafkaError) -> None:
+        self.registry.sample("error", err.name(), {"cluster": cluster, "detail": err.str()})
+
+    # -- leaving the buffer ----------------------------------------------------------------
+    def _discard(self, f: Flight, reason: str, detail: str, in_flight: bool = False) -> None:
+        f.done = True
+        m = f.msg
+        d = Discard(reason, m.topic, keys.id_text(m.id), m.accepted_ms, m.record,
+                    attempts=f.attempts, detail=detail)
+        self._leave(f if in_flight else None,
+                    Outcome(m.key, m.stored_bytes, "discarded", {"reason": reason}), discard=d)
+        log.warning("discarding message %s of %s: %s (%s)", d.message_id, m.topic, reason, detail)
+
+    def _discard_corrupt(self, m: Corrupt) -> None:
+        d = Discard("corrupt", m.topic, keys.id_text(m.id), keys.id_timestamp_ms(m.id), None,
+                    raw=m.raw, detail=m.error)
+        self._leave(None, Outcome(m.key, len(m.key) + len(m.raw), "discarded",
+                                  {"reason": "corrupt"}), discard=d)
+        log.error("discarding undecodable message %s of %s: %s", d.message_id, m.topic, m.error)
+
+    def _leave(
+        self,
+        f: Flight | None,
+        outcome: Outcome,
+        *,
+        discard: Discard | None = None,
+        delivered: tuple[str, str] | None = None,
+    ) -> None:
+        lv = self._leaving
+        if not lv.outcomes:
+            lv.since = time.monotonic()
+        lv.outcomes.append(outcome)
+        lv.flights.append(f)
+        if discard is not None:
+            lv.discards.append(discard)
+        if delivered is not None:
+            lv.delivered.append(delivered)
+
+    def _flush_leaving(self) -> None:
+        lv = self._leaving
+        try:
+            # Discard-log lines first: a crash between the two leaves a message in both.
+            self.discard_log.write(lv.discards)
+            removed = self.store.remove(lv.outcomes)
+        except Exception as exc:  # noqa: BLE001 - disk trouble: keep everything, try later
+            log.error("could not remove %d messages from the buffer yet: %s",
+                      len(lv.outcomes), exc)
+            lv.since = time.monotonic() + 0.5
+            return
+        self._leaving = _Leaving()
+        reg = self.registry
+        delivered: dict[tuple[str, str], int] = {}
+        dup: dict[tuple[str, str], int] = {}
+        di = iter(lv.delivered)
+        for outcome, f, ok in zip(lv.outcomes, lv.flights, removed, strict=True):
+            topic, _ = keys.split_key(outcome.key)
+            if f is not None:
+                st = self._topics.get(topic)
+                if st is not None:
+                    st.in_flight -= 1
+                self._in_flight -= 1
+            if outcome.state == "delivered":
+                key = next(di)
+                target = delivered if ok else dup
+                target[key] = target.get(key, 0) + 1
+        for (topic, cluster), n in delivered.items():
+            reg.inc("messages_delivered", n, topic=topic, cluster=cluster)
+        for (topic, cluster), n in dup.items():
+            reg.inc("messages_duplicate_acks", n, topic=topic, cluster=cluster)
+        for d in lv.discards:
+            reg.inc("messages_discarded", topic=d.topic, reason=d.reason)
+            reg.sample("discarded", d.reason, {"topic": d.topic, "id": d.message_id,
+                                               "detail": d.detail})
+
+    def _gauges(self) -> None:
+        reg = self.registry
+        for name, c in self.clusters.items():
+            reg.set("cluster_up", 1.0 if c.up else 0.0, cluster=name)
+            reg.set("cluster_brokers_up", float(c.brokers), cluster=name)
+            reg.set("messages_in_flight", float(c.outstanding()), cluster=name)
+
+    # -- stopping --------------------------------------------------------------------------
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Give in-flight messages a moment to be acknowledged, then record what was."""
+        deadline = time.monotonic() + timeout
+        while self._in_flight > 0 and time.monotonic() < deadline:
+            self._poll()
+            self._handle_reports()
+            if self._leaving.outcomes:
+                self._flush_leaving()
+            if not self._reports:
+                self._wait(0.01)
+        self._handle_reports()
+        if self._leaving.outcomes:
+            self._flush_leaving()
+        for c in self.clusters.values():
+            c.close(0.5)
+
+    def stats(self) -> dict[str, Any]:
+        return {"in_flight": self._in_flight, "retries": len(self._retries),
+                "topics": {t: s.in_flight for t, s in self._topics.items()}}

@@ -1,0 +1,53 @@
+"""Partition choice, as Bruce does it (seed 000).
+
+AnyPartition messages go round-robin over the topic's available partitions. A PartitionKey
+message goes to ``sorted_partitions[key % len(sorted_partitions)]``; when that partition has
+no leader, to the next partition in the array that has one, and back to its own as soon as it
+recovers. Messages with only a Kafka key are left to librdkafka's key hash (Hermes'
+Partition-Key), signalled by ``UNASSIGNED``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+UNASSIGNED = -1  # RD_KAFKA_PARTITION_UA: let librdkafka's partitioner choose
+
+
+@dataclass
+class TopicLayout:
+    """A topic's partitions (ascending) and which of them have a leader right now."""
+
+    partitions: tuple[int, ...]
+    available: tuple[int, ...]
+    _next: int = field(default=0, repr=False)
+
+    def round_robin(self) -> int:
+        choices = self.available or self.partitions
+        if not choices:
+            return UNASSIGNED
+        self._next = (self._next + 1) % len(choices)
+        return choices[self._next]
+
+    def for_partition_key(self, key: int) -> int:
+        parts = self.partitions
+        if not parts:
+            return UNASSIGNED
+        n = len(parts)
+        start = key % n  # Python's % is never negative for a positive n, as Bruce's unsigned mod
+        if not self.available or len(self.available) == n:
+            return parts[start]
+        up = set(self.available)
+        for step in range(n):
+            candidate = parts[(start + step) % n]
+            if candidate in up:
+                return candidate
+        return parts[start]
+
+
+def choose(layout: TopicLayout | None, partition_key: int | None, hash_key: bool) -> int:
+    if partition_key is not None:
+        return layout.for_partition_key(partition_key) if layout else UNASSIGNED
+    if hash_key or layout is None:
+        return UNASSIGNED
+    return layout.round_robin()

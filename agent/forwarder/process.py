@@ -1,0 +1,77 @@
+"""The forwarder's own process: it shares the LMDB environment, not the ingest's GIL.
+
+The ingest process starts it (multiprocessing, spawn) with the configuration and one end of
+a pipe; over the pipe it sends metric snapshots a few times a second, and it stops when told
+to (or when the pipe closes, i.e. its parent died).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+from agent.buffer.store import Store
+from agent.config import FerryConfig
+from agent.forwarder.forwarder import Forwarder
+from agent.logs import setup_logging
+from agent.metrics import REGISTRY
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_INTERVAL = 0.25
+
+
+def main(config_data: dict[str, Any], conn: Connection) -> None:
+    config = FerryConfig.model_validate(config_data)
+    setup_logging(config.log_level, process="forwarder")
+    # The parent handles SIGINT/SIGTERM and tells us to stop over the pipe.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    stop = threading.Event()
+    store = Store(config.buffer.path, config.buffer.max_bytes,
+                  track=config.status.track_messages, track_seconds=config.status.track_seconds)
+    forwarder = Forwarder(config, store, topic_settings=_topic_settings(config, store))
+
+    def talk() -> None:
+        while not stop.is_set():
+            try:
+                if conn.poll(SNAPSHOT_INTERVAL):
+                    msg = conn.recv()
+                    if msg == "stop":
+                        stop.set()
+                conn.send(("metrics", REGISTRY.snapshot()))
+            except (EOFError, OSError):
+                log.warning("lost the parent process; stopping")
+                stop.set()
+        with contextlib.suppress(EOFError, OSError):
+            conn.send(("metrics", REGISTRY.snapshot()))
+
+    talker = threading.Thread(target=talk, name="forwarder-pipe", daemon=True)
+    talker.start()
+    log.info("forwarder started")
+    try:
+        forwarder.run(stop.is_set)
+    finally:
+        store.close()
+        talker.join(2.0)
+        try:
+            conn.send(("metrics", REGISTRY.snapshot()))
+            conn.send(("stopped", time.time()))
+        except (EOFError, OSError):
+            pass
+        log.info("forwarder stopped")
+
+
+def _topic_settings(config: FerryConfig, store: Store) -> Any:
+    """Per-topic settings: API-managed topics (HTTP management) override the config file's."""
+    try:
+        from agent.ingest.http.topics import TopicCatalog
+    except ImportError:
+        return config.topic
+    catalog = TopicCatalog(config, store)
+    return catalog.settings

