@@ -102,8 +102,11 @@ class Cluster:
         """Drop a producer that hit a fatal error; the next send builds a fresh one."""
         old = self._producers.pop(acks, None)
         if old is not None:
+            # Purged messages are reported failed (and so re-sent by the forwarder).
             old.purge(in_queue=True, in_flight=True)
-            old.poll(0)
+            deadline = time.monotonic() + 2.0
+            while len(old) > 0 and time.monotonic() < deadline:
+                old.poll(0.05)
 
     def _error(self, err: KafkaError) -> None:
         if err.code() == KafkaError._ALL_BROKERS_DOWN:

@@ -49,6 +49,16 @@ PERMANENT = {
 }
 
 
+# Errors after which an idempotent producer is rebuilt (at most every REPLACE_INTERVAL s).
+STALE_PRODUCER = {
+    KafkaError.UNKNOWN_PRODUCER_ID,
+    KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+    KafkaError.INVALID_PRODUCER_EPOCH,
+    KafkaError._MSG_TIMED_OUT,
+}
+REPLACE_INTERVAL = 5.0
+
+
 @dataclass(slots=True, eq=False)
 class Flight:
     msg: StoredMessage
@@ -113,6 +123,7 @@ class Forwarder:
         self._generations: dict[str, int] = {}
         self._next_topic_scan = 0.0
         self._next_gauges = 0.0
+        self._replaced: dict[tuple[str, str], float] = {}
 
     # -- the loop --------------------------------------------------------------------------
     def run(self, should_stop: Callable[[], bool]) -> None:
@@ -278,10 +289,10 @@ class Forwarder:
                 continue
             if f.done:
                 continue
-            if err.fatal():
-                log.error("fatal producer error on %s: %s; recreating the producer",
-                          cluster, err.str())
-                self.clusters[cluster].replace_producer(f.settings.acks)
+            if err.fatal() or (f.settings.acks == "all" and err.code() in STALE_PRODUCER):
+                # An idempotent producer whose id the cluster forgot (e.g. a cluster rebuilt
+                # from scratch) never recovers by itself: start a fresh one.
+                self._replace_producer(cluster, f.settings.acks, err)
             permanent = err.code() in PERMANENT
             self._failed(f, cluster, err.str() or err.name(), permanent=permanent,
                          code=err.name())
@@ -289,6 +300,14 @@ class Forwarder:
             for v in values[:: max(1, len(values) // 200)]:  # sample: histograms per batch
                 self.registry.observe("produce_latency_seconds", v, cluster=cluster)
         return True
+
+    def _replace_producer(self, cluster: str, acks: str, err: KafkaError) -> None:
+        now = time.monotonic()
+        if now - self._replaced.get((cluster, acks), 0.0) < REPLACE_INTERVAL and not err.fatal():
+            return
+        self._replaced[(cluster, acks)] = now
+        log.warning("recreating the %s acks=%s producer after %s", cluster, acks, err.str())
+        self.clusters[cluster].replace_producer(acks)
 
     def _failed(
         self, f: Flight, cluster: str, error: str, *, permanent: bool, code: str = "error"
