@@ -30,7 +30,7 @@ _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
 def is_valid_topic(name: str) -> bool:
-    return bool(_TOPIC_RE.match(name)) and name not in (".", "..")
+    return bool(_TOPIC_RE.fullmatch(name)) and name not in (".", "..")
 
 
 class _Section(BaseModel):

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 Headers = tuple[tuple[str, bytes], ...]
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass costs ~1.3 us per instance against ~0.3 us, and one is made per
+# message on the 100k msg/s ingest path. Treat instances as immutable all the same.
+@dataclass(slots=True)
 class Record:
     """A message as accepted from a client, before Ferry assigns it an id.
 

@@ -55,7 +55,7 @@ def write_config(
         "socket": {"path": root / "ferry.sock"},
         "http": {"listen": f"127.0.0.1:{free_port()}" if http else ""},
         "spool": {"dirs": [root / "spool"] if spool else []},
-        "kafka.local": {"bootstrap_servers": bootstrap},
+        "kafka.local": {"bootstrap_servers": bootstrap, "outage_after_seconds": 2.0},
         "forwarder": {"linger_ms": 1, **(forwarder or {})},
     }
     if remote_bootstrap:

@@ -17,7 +17,6 @@ Version 1 layout (big-endian)::
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 
 from agent.records import Headers, Record
 
@@ -60,13 +59,8 @@ def encode(record: Record, generation: int) -> bytes:
     return b"".join(parts)
 
 
-@dataclass(frozen=True, slots=True)
-class Decoded:
-    record: Record
-    generation: int
-
-
-def decode(topic: str, data: bytes) -> Decoded:
+def decode(topic: str, data: bytes) -> tuple[Record, int]:
+    """The record and the topic generation it was accepted under."""
     try:
         version, flags, generation, ts, pk, klen, nheaders = HEADER.unpack_from(data, 0)
         if version != VERSION:
@@ -98,6 +92,6 @@ def decode(topic: str, data: bytes) -> Decoded:
             headers=headers,
             hash_key=bool(flags & HASH_KEY),
         )
-        return Decoded(record, generation)
+        return record, generation
     except (struct.error, UnicodeDecodeError) as exc:
         raise CorruptRecord(str(exc)) from None

@@ -19,13 +19,12 @@ Design notes are in docs/buffer.md.
 from __future__ import annotations
 
 import errno
-import json
 import struct
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -87,14 +86,41 @@ class Corrupt:
     error: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Outcome:
     """What became of a buffered message, written to ``tracking`` when it leaves the buffer."""
 
     key: bytes
     stored_bytes: int
+    topic: str
     state: str  # "delivered" | "discarded"
-    detail: Mapping[str, Any] = field(default_factory=dict)
+    cluster: str = ""
+    partition: int = -1
+    offset: int = -1
+    reason: str = ""
+
+
+# tracking value: state, partition, offset, at_ms, then "topic NUL cluster NUL reason".
+_TRACK = struct.Struct(">Biqq")
+_STATES = {"delivered": 1, "discarded": 2}
+_STATE_NAMES = {v: k for k, v in _STATES.items()}
+
+
+def _pack_outcome(o: Outcome, now_ms: int) -> bytes:
+    return _TRACK.pack(_STATES[o.state], o.partition, o.offset, now_ms) + (
+        f"{o.topic}\0{o.cluster}\0{o.reason}".encode())
+
+
+def _unpack_outcome(raw: bytes) -> dict[str, Any]:
+    state, partition, offset, at_ms = _TRACK.unpack_from(raw)
+    topic, cluster, reason = raw[_TRACK.size:].decode().split("\0")
+    doc: dict[str, Any] = {"state": _STATE_NAMES.get(state, "unknown"), "topic": topic,
+                           "at_ms": at_ms}
+    if doc["state"] == "delivered":
+        doc.update(cluster=cluster, partition=partition, offset=offset)
+    else:
+        doc["reason"] = reason
+    return doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,19 +421,18 @@ class Store:
             if not cur.set_range(start):
                 return out
             plen = len(prefix)
+            decode = codec.decode
             for k, v in cur:
-                if not bytes(k).startswith(prefix):
+                if not k.startswith(prefix):
                     break
                 if after is not None and k == start:
                     continue
-                kb = bytes(k)
-                vb = bytes(v)
-                mid = kb[plen:]
+                mid = k[plen:]
                 try:
-                    d = codec.decode(topic, vb)
-                    out.append(StoredMessage(kb, mid, d.record, d.generation, len(kb) + len(vb)))
+                    record, gen = decode(topic, v)
+                    out.append(StoredMessage(k, mid, record, gen, len(k) + len(v)))
                 except codec.CorruptRecord as exc:
-                    out.append(Corrupt(kb, mid, topic, vb, str(exc)))
+                    out.append(Corrupt(k, mid, topic, v, str(exc)))
                 if len(out) >= limit:
                     break
         return out
@@ -422,21 +447,21 @@ class Store:
             removed: list[bool] = []
             counts: dict[str, list[int]] = {}
             now_ms = int(time.time() * 1000)
+            track = self.track
+            tracking = self._tracking
+            messages = self._messages
             for o in outcomes:
-                ok = txn.delete(o.key, db=self._messages)
+                ok = txn.delete(o.key, db=messages)
                 removed.append(ok)
                 if not ok:
                     continue
-                topic, mid = keys.split_key(o.key)
-                c = counts.get(topic)
+                c = counts.get(o.topic)
                 if c is None:
-                    c = counts[topic] = [0, 0]
+                    c = counts[o.topic] = [0, 0]
                 c[0] += 1
                 c[1] += o.stored_bytes
-                if self.track:
-                    doc = {"state": o.state, "topic": topic, "at_ms": now_ms, **o.detail}
-                    txn.put(mid, json.dumps(doc, separators=(",", ":")).encode(),
-                            db=self._tracking)
+                if track:
+                    txn.put(o.key[-keys.ID_LEN:], _pack_outcome(o, now_ms), db=tracking)
             self._adjust_counts(txn, counts, -1)
             if self.track:
                 self._prune_tracking(txn, now_ms)
@@ -480,8 +505,7 @@ class Store:
         with self._txn(write=False) as txn:
             raw = txn.get(message_id, db=self._tracking)
             if raw is not None:
-                result: dict[str, Any] = json.loads(bytes(raw))
-                return result
+                return _unpack_outcome(bytes(raw))
             with txn.cursor(self._meta) as meta:
                 topics = []
                 if meta.set_range(_COUNT_PREFIX):
@@ -501,7 +525,7 @@ class Store:
             batch = self.read(topic, None, 5000)
             if not batch:
                 return removed
-            outcomes = [Outcome(m.key, _stored(m), "discarded", {"reason": "purged"})
+            outcomes = [Outcome(m.key, _stored(m), topic, "discarded", reason="purged")
                         for m in batch]
             removed += sum(self.remove(outcomes))
 

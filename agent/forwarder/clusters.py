@@ -47,6 +47,8 @@ def producer_config(
         "retry.backoff.ms": fwd.retry_backoff_ms,
         "retry.backoff.max.ms": fwd.retry_backoff_max_ms,
         "socket.keepalive.enable": True,
+        # Come back within seconds of an outage ending (librdkafka's default backs off to 10 s).
+        "reconnect.backoff.max.ms": 2000,
     }
     if acks == "all":
         conf.update({"acks": "all", "enable.idempotence": True})

@@ -188,6 +188,7 @@ class Forwarder:
             ttl_ms = settings.ttl_seconds * 1000
             gen = self._generations.get(topic, 0)
             now_ms = int(time.time() * 1000)
+            direct = self._direct_route(topic, settings)
             for m in batch:
                 st.cursor = m.id
                 if isinstance(m, Corrupt):
@@ -203,8 +204,45 @@ class Forwarder:
                     continue
                 st.in_flight += 1
                 self._in_flight += 1
-                self._send(Flight(m, settings), now)
+                flight = Flight(m, settings)
+                if direct is not None:
+                    self._produce_direct(flight, *direct)
+                else:
+                    self._send(flight, now)
         return worked
+
+    def _direct_route(self, topic: str, settings: TopicConfig) -> tuple[Any, Any] | None:
+        """(producer, layout) when a batch of ``topic`` simply goes to the local cluster."""
+        local = self.clusters[LOCAL]
+        if settings.fallback_to_remote and REMOTE in self.clusters:
+            return None
+        layout = local.layout(topic)
+        if layout is None:
+            return None
+        return local.producer(settings.acks), layout
+
+    def _produce_direct(self, f: Flight, producer: Any, layout: Any) -> None:
+        """The common case, kept short: one local cluster, partitions known."""
+        r = f.msg.record
+        pk = r.partition_key
+        if pk is not None:
+            partition = layout.for_partition_key(pk)
+        elif r.hash_key:
+            partition = -1
+        else:
+            partition = layout.round_robin()
+        try:
+            producer.produce(r.topic, r.value, r.key, partition=partition,
+                             timestamp=r.timestamp_ms, headers=r.headers or None,
+                             on_delivery=partial(self._on_delivery, f, LOCAL, time.monotonic()))
+        except BufferError:
+            self._schedule_retry(f, 0.05, count=False)
+            return
+        except Exception as exc:  # noqa: BLE001 - e.g. a value over librdkafka's max size
+            self._failed(f, LOCAL, str(exc), permanent=True)
+            return
+        f.sent_local_at = time.monotonic()
+        f.pending += 1
 
     def _layout_known(self, topic: str) -> bool:
         local = self.clusters[LOCAL]
@@ -283,9 +321,10 @@ class Forwarder:
                                       cluster=cluster)
                     continue
                 f.done = True
-                self._leave(f, Outcome(f.msg.key, f.msg.stored_bytes, "delivered", {
-                    "cluster": cluster, "partition": partition, "offset": offset,
-                }), delivered=(f.msg.topic, cluster))
+                m = f.msg
+                self._leave(f, Outcome(m.key, m.stored_bytes, m.record.topic, "delivered",
+                                       cluster, partition, offset),
+                            delivered=(m.record.topic, cluster))
                 continue
             if f.done:
                 continue
@@ -381,14 +420,15 @@ class Forwarder:
         d = Discard(reason, m.topic, keys.id_text(m.id), m.accepted_ms, m.record,
                     attempts=f.attempts, detail=detail)
         self._leave(f if in_flight else None,
-                    Outcome(m.key, m.stored_bytes, "discarded", {"reason": reason}), discard=d)
+                    Outcome(m.key, m.stored_bytes, m.topic, "discarded", reason=reason),
+                    discard=d)
         log.warning("discarding message %s of %s: %s (%s)", d.message_id, m.topic, reason, detail)
 
     def _discard_corrupt(self, m: Corrupt) -> None:
         d = Discard("corrupt", m.topic, keys.id_text(m.id), keys.id_timestamp_ms(m.id), None,
                     raw=m.raw, detail=m.error)
-        self._leave(None, Outcome(m.key, len(m.key) + len(m.raw), "discarded",
-                                  {"reason": "corrupt"}), discard=d)
+        self._leave(None, Outcome(m.key, len(m.key) + len(m.raw), m.topic, "discarded",
+                                  reason="corrupt"), discard=d)
         log.error("discarding undecodable message %s of %s: %s", d.message_id, m.topic, m.error)
 
     def _leave(
@@ -426,7 +466,7 @@ class Forwarder:
         dup: dict[tuple[str, str], int] = {}
         di = iter(lv.delivered)
         for outcome, f, ok in zip(lv.outcomes, lv.flights, removed, strict=True):
-            topic, _ = keys.split_key(outcome.key)
+            topic = outcome.topic
             if f is not None:
                 st = self._topics.get(topic)
                 if st is not None:

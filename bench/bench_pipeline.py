@@ -1,0 +1,123 @@
+"""Core pipeline benchmark: datagrams in, Kafka out, on one machine with a real broker.
+
+    .venv/bin/python bench/bench_pipeline.py [--messages 1000000] [--senders 2] [--size 200]
+
+Senders run in their own processes with blocking sends (a full socket queue makes them wait,
+so nothing is dropped). The agent runs as in production: ingest process + forwarder process.
+Prints: accepted rate (messages durably committed per second), commit latency p50/p99 (per
+group commit, write + fsync), delivered rate (acknowledged by Kafka and removed from the
+buffer), lost (sent - accepted - rejected, must be 0), and the agent's peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from agent.client import FerryClient  # noqa: E402
+from agent.config import load_config  # noqa: E402
+from agent.daemon import Agent  # noqa: E402
+from agent.metrics import Registry  # noqa: E402
+from tests.agent_harness import write_config  # noqa: E402
+from tests.kafka import Broker, create_topic  # noqa: E402
+
+
+def sender(path: str, topic: str, count: int, size: int, start: multiprocessing.Event) -> None:
+    value = b"v" * size
+    start.wait()
+    with FerryClient(Path(path)) as client:
+        for _ in range(count):
+            client.send(topic, value)
+
+
+def rss_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except FileNotFoundError:
+        pass
+    return 0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--messages", type=int, default=1_000_000)
+    ap.add_argument("--senders", type=int, default=2)
+    ap.add_argument("--size", type=int, default=200)
+    ap.add_argument("--timeout", type=float, default=300.0)
+    args = ap.parse_args()
+    topic = "bench"
+    per = args.messages // args.senders
+    total = per * args.senders
+    with tempfile.TemporaryDirectory() as tmp, Broker(log_path=Path(tmp) / "tansu.log") as broker:
+        create_topic(broker.bootstrap, topic, 8)
+        cfg = load_config(write_config(Path(tmp), broker.bootstrap, http=False,
+                                       buffer={"max_bytes": 8 * 1024**3},
+                                       forwarder={"linger_ms": 5}))
+        registry = Registry()
+        agent = Agent(cfg, registry=registry)
+        agent.start()
+        ctx = multiprocessing.get_context("fork")
+        go = ctx.Event()
+        procs = [ctx.Process(target=sender, args=(str(cfg.socket.path), topic, per, args.size, go))
+                 for _ in range(args.senders)]
+        for p in procs:
+            p.start()
+        peak = {"rss": 0}
+        stop = threading.Event()
+
+        def watch_rss() -> None:
+            while not stop.wait(0.2):
+                now = rss_kb(os.getpid()) + rss_kb(agent.forwarder.pid or 0)
+                peak["rss"] = max(peak["rss"], now)
+
+        threading.Thread(target=watch_rss, daemon=True).start()
+        t0 = time.perf_counter()
+        go.set()
+        accepted_at = delivered_at = None
+        deadline = t0 + args.timeout
+        while time.perf_counter() < deadline:
+            v = registry.view()
+            acc = v.total("messages_accepted")
+            rej = v.total("messages_rejected")
+            dlv = v.total("messages_delivered")
+            if accepted_at is None and acc + rej >= total:
+                accepted_at = time.perf_counter()
+            if dlv >= total:
+                delivered_at = time.perf_counter()
+                break
+            time.sleep(0.05)  # sampling the registry, not synchronising anything
+        for p in procs:
+            p.join(10)
+        stop.set()
+        v = registry.view()
+        h = v.histogram("buffer_commit_seconds")
+        acc, rej, dlv = (v.total("messages_accepted"), v.total("messages_rejected"),
+                         v.total("messages_delivered"))
+        agent.stop()
+        end = accepted_at or time.perf_counter()
+        print(f"machine: {os.cpu_count()} cores; messages: {total} x {args.size} B; "
+              f"senders: {args.senders}")
+        print(f"accepted: {acc:.0f} in {end - t0:.2f} s = {acc / (end - t0):,.0f} msg/s")
+        print(f"rejected: {rej:.0f}; lost (sent - accepted - rejected): {total - acc - rej:.0f}")
+        print(f"commits: {h.count}; commit latency p50 <= {(h.quantile(0.5) or 0) * 1000:.1f} ms,"
+              f" p99 <= {(h.quantile(0.99) or 0) * 1000:.1f} ms (bucket bounds)")
+        if delivered_at:
+            print(f"delivered end to end: {dlv:.0f} in {delivered_at - t0:.2f} s = "
+                  f"{dlv / (delivered_at - t0):,.0f} msg/s")
+        else:
+            print(f"delivered: only {dlv:.0f} of {total} within {args.timeout} s")
+        print(f"agent peak RSS (ingest + forwarder): {peak['rss'] / 1024:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Shared pytest fixtures. Keep this file thin: logic lives in tests/kafka.py and friends.
+
+Sections: Kafka (real tansu brokers) and artifacts. Add new fixtures under a section header.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Test modules import helpers as `tests.kafka`, `tests.waiting`. `python -m pytest` (dev/test)
+# puts the repo root on sys.path, bare `pytest` does not; this conftest loads first, so it
+# makes both work. (Superseded if tests/__init__.py or `pythonpath = ["."]` is ever added.)
+if str(REPO_ROOT) not in sys.path:
+    sys.path.append(str(REPO_ROOT))  # last: repo folders must not shadow installed packages
+
+from tests.kafka import Broker, TcpProxy, free_port, unique_topic_name  # noqa: E402
+
+# --------------------------------------------------------------------------------------------
+# Kafka: real tansu brokers on 127.0.0.1 (memory storage; a restart empties them)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    """A fresh broker for this test alone; use it when the test stops/starts the broker."""
+    with Broker(log_path=tmp_path / "tansu.log") as fresh:
+        yield fresh
+
+
+@pytest.fixture(scope="session")
+def session_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    """One broker for the whole run. Never stop it; isolate with ``unique_topic``."""
+    with Broker(log_path=tmp_path_factory.mktemp("session-broker") / "tansu.log") as shared:
+        yield shared
+
+
+@pytest.fixture
+def unique_topic(request: pytest.FixtureRequest) -> str:
+    """A legal topic name no other test uses (it is not created; see kafka.create_topic)."""
+    return unique_topic_name(request.node.name)
+
+
+@pytest.fixture
+def proxied_broker(tmp_path: Path) -> Iterator[tuple[Broker, TcpProxy]]:
+    """A fresh broker advertising a TcpProxy, so all client traffic crosses the proxy.
+
+    ``broker.bootstrap`` is the proxy's address. There is no way around the proxy: clients
+    follow metadata, which only ever names the proxy.
+    """
+    port = free_port()
+    with (
+        TcpProxy(port) as proxy,
+        Broker(port, advertised_port=proxy.port, log_path=tmp_path / "tansu.log") as proxied,
+    ):
+        yield proxied, proxy
+
+
+# --------------------------------------------------------------------------------------------
+# Artifacts: files a human may want after the run (screenshots, dumps); kept in test-artifacts/
+# --------------------------------------------------------------------------------------------
+
+ARTIFACTS_ROOT = REPO_ROOT / "test-artifacts"
+
+
+@pytest.fixture
+def artifacts_dir(request: pytest.FixtureRequest) -> Path:
+    """An empty ``test-artifacts/<test id>/`` directory for this test (git-ignored)."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", request.node.nodeid).strip("_")[:150]
+    directory = ARTIFACTS_ROOT / name
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    return directory
