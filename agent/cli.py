@@ -201,6 +201,12 @@ def _replay(args: argparse.Namespace) -> int:
         return len(batch)
 
     try:
+        # Check the whole file first, so a bad line puts nothing back (all or nothing).
+        lines = sum(1 for _ in read_discards(args.file))
+    except (ReplayError, OSError) as exc:
+        print(f"ferry replay: {exc}; nothing was put back", file=sys.stderr)
+        return 1
+    try:
         with Store(config.buffer.path, config.buffer.max_bytes) as store:
             batch: list[Record] = []
             for _, record in read_discards(args.file):
@@ -214,7 +220,7 @@ def _replay(args: argparse.Namespace) -> int:
         print(f"ferry replay: {exc} ({total} messages were put back before it)",
               file=sys.stderr)
         return 1
-    print(f"replayed {total} messages from {args.file}")
+    print(f"replayed {total} messages from {args.file} ({lines} lines)")
     return 0
 
 

@@ -178,7 +178,8 @@ def test_kill_9_while_delivering_loses_nothing(
                 client.send(unique_topic, b"m-%d" % i)
         wait_buffered(agent, unique_topic, n)
         broker.start()
-        create_topic(broker.bootstrap, unique_topic, 4)
+        # The agent may create it first (a metadata request naming a topic creates it).
+        create_topic(broker.bootstrap, unique_topic, 4, exist_ok=True)
         # Kill once delivery has started and before it has finished.
         wait_until(lambda: agent.buffered().get(unique_topic, n) < n, timeout=60, interval=0.01,
                    message="delivery started")

@@ -19,6 +19,7 @@ Design notes are in docs/buffer.md.
 from __future__ import annotations
 
 import errno
+import os
 import struct
 import threading
 import time
@@ -44,6 +45,8 @@ _HEADROOM_MIN = 64 * 1024 * 1024
 _INITIAL_MAP = 256 * 1024 * 1024
 # Per-record overhead estimate (LMDB node header, key) used to decide fullness before writing.
 RECORD_OVERHEAD = 48
+# Less free space than this on the buffer's filesystem when a write fails means "disk full".
+_LOW_DISK_BYTES = 16 * 1024 * 1024
 
 
 class BufferFull(Exception):
@@ -251,7 +254,7 @@ class Store:
                 new = min(self.map_cap, current * 2)
                 self._exclusive(lambda size=new: self._env.set_mapsize(size))
             except lmdb.Error as exc:
-                raise _unavailable(exc) from None
+                raise _unavailable(exc, self.path) from None
 
     # -- capacity --------------------------------------------------------------------------
     def used_bytes(self) -> int:
@@ -539,9 +542,19 @@ def _stored(m: StoredMessage | Corrupt) -> int:
     return m.stored_bytes
 
 
-def _unavailable(exc: lmdb.Error) -> BufferUnavailable:
+def _unavailable(exc: lmdb.Error, path: Path | None = None) -> BufferUnavailable:
+    """Name a failed write. LMDB reports a short write on a full disk as EIO, so ask the
+    filesystem how much room is left rather than trusting the error code alone."""
     text = str(exc)
-    code = getattr(exc, "errno", None) if hasattr(exc, "errno") else None
-    if code == errno.ENOSPC or "No space left" in text or "ENOSPC" in text:
-        return BufferUnavailable("disk_full", f"disk full: {text}")
+    code = getattr(exc, "errno", None)
+    full = code == errno.ENOSPC or "No space left" in text
+    if not full and path is not None:
+        try:
+            st = os.statvfs(path)
+            low = max(1 << 20, min(_LOW_DISK_BYTES, st.f_blocks * st.f_frsize // 50))
+            full = st.f_bavail * st.f_frsize < low
+        except OSError:
+            pass
+    if full:
+        return BufferUnavailable("disk_full", f"disk full under {path}: {text}")
     return BufferUnavailable("disk_error", f"buffer write failed: {text}")

@@ -19,6 +19,29 @@ from agent.forwarder.partitioner import TopicLayout
 
 log = logging.getLogger(__name__)
 
+class _RateLimit(logging.Filter):
+    """librdkafka repeats a failing connect's message every backoff; say it once a minute."""
+
+    def __init__(self, every: float = 60.0) -> None:
+        super().__init__()
+        self.every = every
+        self._last: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        key = text.split("]", 1)[-1][:80]
+        now = time.monotonic()
+        if now - self._last.get(key, -self.every) < self.every:
+            return False
+        if len(self._last) > 1000:
+            self._last.clear()
+        self._last[key] = now
+        return True
+
+
+_RDKAFKA_LOG = logging.getLogger("librdkafka")
+_RDKAFKA_LOG.addFilter(_RateLimit())
+
 METADATA_INTERVAL = 10.0  # seconds between full metadata refreshes
 METADATA_TIMEOUT = 3.0
 
@@ -43,7 +66,7 @@ def producer_config(
         "queue.buffering.max.kbytes": 1048576,
         # A message not acknowledged in this time is reported failed and Ferry re-sends it;
         # it never leaves the buffer unacknowledged.
-        "message.timeout.ms": 30000,
+        "message.timeout.ms": fwd.message_timeout_ms,
         "retry.backoff.ms": fwd.retry_backoff_ms,
         "retry.backoff.max.ms": fwd.retry_backoff_max_ms,
         "socket.keepalive.enable": True,
@@ -91,6 +114,7 @@ class Cluster:
         if p is None:
             conf = producer_config(self.name, acks, self.config, self.forwarder)
             conf["error_cb"] = self._error
+            conf["logger"] = _RDKAFKA_LOG
             p = self._producers[acks] = Producer(conf)
             self._ensure_metadata_thread()
         return p

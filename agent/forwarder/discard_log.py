@@ -110,12 +110,13 @@ def read_discards(path: Path) -> Iterator[tuple[int, Record]]:
                     value=base64.b64decode(doc["value"], validate=True),
                     key=base64.b64decode(key, validate=True) if key is not None else None,
                     partition_key=doc.get("partition_key"),
-                    timestamp_ms=int(doc.get("timestamp_ms") or time.time() * 1000),
+                    timestamp_ms=int(time.time() * 1000 if doc.get("timestamp_ms") is None
+                                     else doc["timestamp_ms"]),
                     headers=tuple((str(n), base64.b64decode(v)) for n, v in
                                   doc.get("headers") or ()),
                     hash_key=bool(doc.get("hash_key", False)),
                 )
             except ReplayError:
                 raise
-            except (ValueError, KeyError, TypeError) as exc:
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise ReplayError(f"{path}:{lineno}: not a discard-log line: {exc}") from None

@@ -76,6 +76,7 @@ class _TopicState:
     cursor: bytes | None = None
     in_flight: int = 0
     drained_at: float = 0.0
+    expiry_check_at: float = 0.0
 
 
 @dataclass
@@ -177,7 +178,10 @@ class Forwarder:
             if st.drained_at and now - st.drained_at < 0.001:
                 continue
             if not self._layout_known(topic):
-                continue  # partitions being looked up; the messages wait in the buffer
+                # Partitions being looked up (or the cluster is unreachable): the messages
+                # wait in the buffer, but the TTL still applies to them.
+                worked |= self._expire_head(topic, st, now)
+                continue
             batch = self.store.read(topic, st.cursor, min(room, 2000))
             if not batch:
                 st.drained_at = now
@@ -243,6 +247,28 @@ class Forwarder:
             return
         f.sent_local_at = time.monotonic()
         f.pending += 1
+
+    def _expire_head(self, topic: str, st: _TopicState, now: float) -> bool:
+        """Discard expired messages at the head of a topic that cannot be sent right now.
+
+        Messages are in acceptance order, so the expired ones are a prefix."""
+        if now < st.expiry_check_at:
+            return False
+        st.expiry_check_at = now + 1.0
+        settings = self.topic_settings(topic)
+        cutoff_ms = int(time.time() * 1000) - settings.ttl_seconds * 1000
+        worked = False
+        while True:
+            batch = self.store.read(topic, st.cursor, 1000)
+            expired = [m for m in batch
+                       if isinstance(m, StoredMessage) and m.accepted_ms < cutoff_ms]
+            for m in expired:
+                st.cursor = m.id
+                self._discard(Flight(m, settings), "ttl",
+                              f"older than ttl_seconds={settings.ttl_seconds}")
+                worked = True
+            if len(expired) < len(batch) or not batch:
+                return worked
 
     def _layout_known(self, topic: str) -> bool:
         local = self.clusters[LOCAL]

@@ -34,7 +34,7 @@ class TopicLayout:
         if not parts:
             return UNASSIGNED
         n = len(parts)
-        start = key % n  # Python's % is never negative for a positive n, as Bruce's unsigned mod
+        start = (key & 0xFFFFFFFF) % n  # Bruce: static_cast<uint32_t>(partition_key) % n
         if not self.available or len(self.available) == n:
             return parts[start]
         up = set(self.available)

@@ -60,7 +60,10 @@ class SocketServer:
                             self.config.socket.receive_buffer_bytes)
         sock.bind(str(self.path))
         os.chmod(self.path, int(self.config.socket.mode, 8))
-        sock.settimeout(0.2)  # lets the thread notice stop() promptly
+        # Truly blocking: with a Python-level timeout, recv(MSG_DONTWAIT) would wait for the
+        # timeout instead of returning at once, and a slow trickle would never be submitted.
+        # stop() wakes the thread with an empty datagram instead.
+        sock.setblocking(True)
         self._sock = sock
 
     def start(self) -> None:
@@ -71,6 +74,11 @@ class SocketServer:
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
+            with contextlib.suppress(OSError), socket.socket(
+                socket.AF_UNIX, socket.SOCK_DGRAM
+            ) as waker:
+                waker.settimeout(1.0)
+                waker.sendto(b"", str(self.path))
             self._thread.join(5.0)
         if self._sock is not None:
             self._sock.close()
@@ -94,13 +102,13 @@ class SocketServer:
         while not self._stop.is_set():
             try:
                 n = sock.recv_into(buf)
-            except TimeoutError:
-                continue
             except OSError as exc:
                 if self._stop.is_set():
                     return
                 log.error("socket receive failed: %s", exc)
                 continue
+            if self._stop.is_set():
+                return
             records: list[Record] = []
             rejects: dict[str, int] = {}
             received = 0
@@ -117,7 +125,7 @@ class SocketServer:
                     break
                 try:
                     n = sock.recv_into(buf, 0, socket.MSG_DONTWAIT)
-                except (BlockingIOError, InterruptedError, TimeoutError):
+                except (BlockingIOError, InterruptedError):
                     break
             reg.inc("messages_received", received, source=Source.SOCKET)
             for reason, count in rejects.items():

@@ -1,0 +1,173 @@
+"""The HTTP listener's one ASGI app: a raw fast path for publishing, Starlette for the rest.
+
+Measured on one core (bench/README.md): a thin ASGI app on uvicorn + httptools serves about
+twice the requests of the same app behind Starlette's routing and middleware. Publishing is
+the only high-rate route, so ``POST /topics/{topic}`` and ``POST /topics/{topic}/batch`` are
+matched by hand here and go straight to ``Publisher``; everything else (topic management,
+``/status/ping|health|ready``, ``/openapi.json`` and the status engineer's ``extra_routes``)
+goes to a Starlette app, where convenience matters more than microseconds.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import BaseRoute, Match, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from agent.ingest.http.codecs import check_topic
+from agent.ingest.http.management import TopicsApi, json_error, json_response
+from agent.ingest.http.openapi import openapi_document
+from agent.ingest.http.publish import Publisher
+from agent.ingest.http.ratelimit import retry_after_header
+from agent.ingest.http.topics import TopicCatalog
+from agent.metrics import Registry
+from agent.runtime import Phase, Runtime
+
+log = logging.getLogger(__name__)
+
+_PREFIX = "/topics/"
+_BATCH = "/batch"
+
+
+class FerryApp:
+    """``create_app()``'s result: an ASGI app, plus hooks for the server's shutdown."""
+
+    def __init__(self, runtime: Runtime, extra_routes: Sequence[BaseRoute] = ()) -> None:
+        self.runtime = runtime
+        _check_config_topics(runtime)
+        self.catalog = TopicCatalog(runtime.config, runtime.store)
+        self.publisher = Publisher(runtime, self.catalog)
+        self.topics_api = TopicsApi(runtime, self.catalog)
+        routes: list[BaseRoute] = [
+            Route("/status/ping", self._ping, methods=["GET"], name="ping"),
+            Route("/status/health", self._health, methods=["GET"], name="health"),
+            Route("/status/ready", self._ready, methods=["GET"], name="ready"),
+            Route("/openapi.json", self._openapi, methods=["GET"], name="openapi"),
+            *self.topics_api.routes(),
+            *extra_routes,
+        ]
+        framework = Starlette(routes=routes, exception_handlers={
+            HTTPException: _http_exception,
+            Exception: _internal_error,
+        })
+        framework.router.redirect_slashes = False
+        self.framework: ASGIApp = _Counted(framework, runtime.registry, routes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path: str = scope["path"]
+            if path.startswith(_PREFIX):
+                rest = path[len(_PREFIX):]
+                slash = rest.find("/")
+                if slash < 0:
+                    if rest:
+                        await self.publisher(scope, receive, send, rest, False)
+                        return
+                elif slash > 0 and rest[slash:] == _BATCH:
+                    await self.publisher(scope, receive, send, rest[:slash], True)
+                    return
+        await self.framework(scope, receive, send)
+
+    def drain(self) -> None:
+        """Shutdown began: stop holding requests for Kafka acknowledgements."""
+        self.publisher.release_waits()
+
+    def close(self) -> None:
+        self.publisher.close()
+
+    # -- status probes ---------------------------------------------------------------------
+    async def _ping(self, request: Request) -> Response:
+        return PlainTextResponse("pong")
+
+    async def _health(self, request: Request) -> Response:
+        return json_response({"status": "ok", "phase": self.runtime.phase.value})
+
+    async def _ready(self, request: Request) -> Response:
+        ready, reason = self.runtime.ready()
+        if ready:
+            return json_response({"ready": True, "reason": reason})
+        retry = 1.0 if self.runtime.phase is Phase.STARTING else 5.0
+        return json_response(
+            {"ready": False, "reason": reason, "error": "not_ready",
+             "message": _NOT_READY.get(reason, reason)},
+            503, {"Retry-After": retry_after_header(retry).decode()})
+
+    async def _openapi(self, request: Request) -> Response:
+        return json_response(openapi_document())
+
+
+_NOT_READY = {
+    "starting": "Ferry is starting",
+    "stopping": "Ferry is shutting down",
+    "buffer_full": "Ferry's buffer is full; new messages are refused until it drains",
+}
+
+
+def create_app(runtime: Runtime, extra_routes: Sequence[BaseRoute] = ()) -> FerryApp:
+    """The ASGI app of the HTTP listener (publishing, management, status, extra routes)."""
+    return FerryApp(runtime, extra_routes)
+
+
+def _check_config_topics(runtime: Runtime) -> None:
+    problems = []
+    for name, settings in runtime.config.topics.items():
+        try:
+            check_topic(settings)
+        except ValueError as exc:
+            problems.append(f"topics.{name}: {exc}")
+    if problems:
+        raise ValueError("unusable topic settings in the configuration: " + "; ".join(problems))
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    codes = {404: "not_found", 405: "method_not_allowed"}
+    message = {404: f"no such resource: {request.url.path}",
+               405: f"{request.method} is not allowed on {request.url.path}"}
+    return json_error(exc.status_code, codes.get(exc.status_code, "http_error"),
+                      message.get(exc.status_code, str(exc.detail)), dict(exc.headers or {}))
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+    return json_error(500, "internal_error", "Ferry failed to handle this request; the error "
+                      "is in Ferry's log.")
+
+
+class _Counted:
+    """Counts Starlette's answers as http_requests{route, status} (route: its path template)."""
+
+    def __init__(self, app: ASGIApp, registry: Registry, routes: Sequence[BaseRoute]) -> None:
+        self.app = app
+        self.registry = registry
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def counting_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            self.registry.inc("http_requests", route=self._route(scope), status=str(status))
+
+    def _route(self, scope: Scope) -> str:
+        for route in self.routes:
+            match, _ = route.matches(scope)
+            if match is not Match.NONE:
+                return str(getattr(route, "path", "other"))
+        return "other"

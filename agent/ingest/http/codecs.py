@@ -1,0 +1,421 @@
+"""Request bodies to stored message values, per the topic's ``content_type``.
+
+- ``binary``: any body, stored as sent.
+- ``json``: the body must be one JSON value (RFC 8259: no NaN/Infinity); it is stored as
+  sent. With a ``schema`` (a JSON Schema) the value must also validate against it.
+- ``avro``: ``avro/binary`` bodies must decode with the topic's schema, exactly (no trailing
+  bytes) and are stored as sent; ``application/json`` bodies are plain JSON (unions written
+  as the bare value, bytes/fixed as strings of code points 0-255, missing fields take their
+  defaults) converted to Avro binary with fastavro.
+
+Batches (``/batch``) are NDJSON or one JSON array; each message is one JSON value: for json
+topics its JSON text, for avro topics the value converted to Avro binary, for binary topics a
+JSON string's UTF-8 bytes or any other value's JSON text (NDJSON lines of a binary topic are
+stored exactly as sent, without parsing).
+
+Every refusal is ``BodyError`` (-> 400) or ``MediaTypeError`` (-> 415) with a message that
+says what is wrong and where.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+from collections.abc import Callable
+from typing import Any
+
+import fastavro
+import jsonschema
+from jsonschema.exceptions import best_match
+
+from agent.config import TopicConfig
+
+
+class BodyError(Exception):
+    """The body is not acceptable for the topic (400). ``count``: messages it held, as far
+    as they are known (a batch that does not parse counts as one)."""
+
+    count = 1
+
+
+class MediaTypeError(Exception):
+    """The body's Content-Type is not one the topic accepts (415)."""
+
+
+JSON = "application/json"
+AVRO_BINARY = "avro/binary"
+_AVRO_BINARY_TYPES = frozenset({AVRO_BINARY, "application/avro", "avro/bytes"})
+NDJSON_TYPES = frozenset({
+    "application/x-ndjson", "application/ndjson", "application/jsonl",
+    "application/x-jsonlines", "application/jsonlines",
+})
+
+
+@functools.lru_cache(maxsize=256)
+def media_type(header: bytes | None) -> str | None:
+    """The bare media type of a Content-Type header value, lower case; None when absent."""
+    if not header:
+        return None
+    text = header.split(b";", 1)[0].strip().lower()
+    return text.decode("latin-1") or None
+
+
+def is_json(media: str) -> bool:
+    return media == JSON or media.endswith("+json")
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def parse_json(data: bytes, what: str = "body") -> Any:
+    try:
+        return json.loads(data, parse_constant=_no_constants)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BodyError(f"{what} is not valid JSON: {exc}") from None
+
+
+def _compact(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+# -- topic settings checks ---------------------------------------------------------------------
+def check_topic(settings: TopicConfig) -> None:
+    """Raise ValueError when a topic's content_type/schema cannot be used."""
+    if settings.content_type == "avro":
+        if not settings.schema_:
+            raise ValueError("content_type 'avro' needs a schema: an Avro schema as JSON")
+        _avro_schema(settings.schema_)
+    elif settings.content_type == "json" and settings.schema_:
+        _json_schema_validator(settings.schema_)
+
+
+def _avro_schema(text: str) -> tuple[Any, dict[str, Any]]:
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"the Avro schema is not JSON: {exc}") from None
+    named: dict[str, Any] = {}
+    try:
+        parsed = fastavro.parse_schema(raw, named_schemas=named)
+    except Exception as exc:  # noqa: BLE001 - fastavro raises many kinds for bad schemas
+        raise ValueError(f"not a valid Avro schema: {exc}") from None
+    return parsed, named
+
+
+def _json_schema_validator(text: str) -> Any:
+    try:
+        schema = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"the JSON Schema is not JSON: {exc}") from None
+    cls = jsonschema.validators.validator_for(schema)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise ValueError(f"not a valid JSON Schema: {exc.message}") from None
+    return cls(schema)
+
+
+# -- codecs ------------------------------------------------------------------------------------
+class TopicCodec:
+    """Checks and converts the bodies of one topic (content type + schema)."""
+
+    def __init__(self, settings: TopicConfig) -> None:
+        self.content_type = settings.content_type
+        self._avro: tuple[Any, dict[str, Any]] | None = None
+        self._json_validator: Any = None
+        if self.content_type == "avro":
+            if not settings.schema_:
+                raise ValueError("content_type 'avro' needs a schema")
+            self._avro = _avro_schema(settings.schema_)
+        elif self.content_type == "json" and settings.schema_:
+            self._json_validator = _json_schema_validator(settings.schema_)
+
+    # -- single messages -------------------------------------------------------------------
+    def single(self, media: str | None, body: bytes) -> bytes:
+        if self.content_type == "binary":
+            return body
+        if self.content_type == "json":
+            if media is not None and not is_json(media):
+                raise MediaTypeError(
+                    f"topic takes JSON: send Content-Type: {JSON}, not {media}")
+            self._check_json(parse_json(body))
+            return body
+        # avro
+        if media is None or media in _AVRO_BINARY_TYPES:
+            self._check_avro_binary(body)
+            return body
+        if is_json(media):
+            return self._to_avro(parse_json(body), "body")
+        raise MediaTypeError(
+            f"topic takes Avro: send Content-Type: {AVRO_BINARY} (Avro binary) or {JSON} "
+            f"(converted with the topic's schema), not {media}")
+
+    # -- batches ---------------------------------------------------------------------------
+    def batch(self, media: str | None, body: bytes) -> list[bytes]:
+        if media in NDJSON_TYPES:
+            values = self._ndjson(body)
+        elif media is not None and is_json(media):
+            values = self._array(body)
+        else:
+            raise MediaTypeError(
+                "a batch is NDJSON (Content-Type: application/x-ndjson, one message per line) "
+                f"or a JSON array (Content-Type: {JSON}), not {media or 'unspecified'}")
+        if not values:
+            raise BodyError("the batch has no messages")
+        return values
+
+    def _ndjson(self, body: bytes) -> list[bytes]:
+        lines = [(n, line) for n, raw in enumerate(body.split(b"\n"), 1)
+                 if (line := raw.strip())]
+        if self.content_type == "binary":
+            return [line for _, line in lines]
+        out: list[bytes] = []
+        try:
+            for number, line in lines:
+                value = parse_json(line, f"line {number}")
+                if self.content_type == "json":
+                    self._check_json(value, f"line {number}")
+                    out.append(line)
+                else:
+                    out.append(self._to_avro(value, f"line {number}"))
+        except BodyError as exc:
+            exc.count = len(lines)
+            raise
+        return out
+
+    def _array(self, body: bytes) -> list[bytes]:
+        items = parse_json(body)
+        if not isinstance(items, list):
+            raise BodyError(f"a JSON batch is an array of messages, not {_json_type(items)}")
+        out: list[bytes] = []
+        try:
+            for index, value in enumerate(items):
+                where = f"message [{index}]"
+                if self.content_type == "binary":
+                    out.append(value.encode() if isinstance(value, str) else _compact(value))
+                elif self.content_type == "json":
+                    self._check_json(value, where)
+                    out.append(_compact(value))
+                else:
+                    out.append(self._to_avro(value, where))
+        except BodyError as exc:
+            exc.count = len(items)
+            raise
+        return out
+
+    # -- checks ----------------------------------------------------------------------------
+    def _check_json(self, value: Any, where: str = "body") -> None:
+        if self._json_validator is None:
+            return
+        error = best_match(self._json_validator.iter_errors(value))
+        if error is not None:
+            path = "".join(f"[{p!r}]" for p in error.absolute_path)
+            raise BodyError(f"{where}{path} does not match the topic's JSON Schema: "
+                            f"{error.message}")
+
+    def _check_avro_binary(self, body: bytes) -> None:
+        assert self._avro is not None
+        stream = io.BytesIO(body)
+        try:
+            fastavro.schemaless_reader(stream, self._avro[0], None)
+        except Exception as exc:  # noqa: BLE001 - any decode failure is a bad body
+            raise BodyError(
+                f"body is not Avro binary of the topic's schema: {type(exc).__name__}: {exc}"
+            ) from None
+        extra = len(body) - stream.tell()
+        if extra:
+            raise BodyError(f"body is Avro binary of the topic's schema followed by {extra} "
+                            "more bytes")
+
+    def _to_avro(self, value: Any, where: str) -> bytes:
+        assert self._avro is not None
+        parsed, named = self._avro
+        datum = _Converter(named).convert(parsed, value, where)
+        out = io.BytesIO()
+        try:
+            fastavro.schemaless_writer(out, parsed, datum)
+        except Exception as exc:  # noqa: BLE001 - e.g. logical types fastavro cannot encode
+            raise BodyError(f"{where} cannot be encoded with the topic's Avro schema: {exc}"
+                            ) from None
+        return out.getvalue()
+
+
+class Codecs:
+    """``TopicCodec`` per (content_type, schema), built once and reused."""
+
+    def __init__(self, limit: int = 1024) -> None:
+        self._cache: dict[tuple[str, str | None], TopicCodec] = {}
+        self._limit = limit
+
+    def get(self, settings: TopicConfig) -> TopicCodec:
+        key = (settings.content_type, settings.schema_)
+        codec = self._cache.get(key)
+        if codec is None:
+            if len(self._cache) >= self._limit:
+                self._cache.clear()
+            codec = self._cache[key] = TopicCodec(settings)
+        return codec
+
+
+# -- plain JSON -> Avro datum ------------------------------------------------------------------
+_INT_RANGE = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+class _Converter:
+    """Plain JSON value -> the Python datum fastavro writes, checking it against the schema."""
+
+    def __init__(self, named: dict[str, Any]) -> None:
+        self.named = named
+
+    def convert(self, schema: Any, value: Any, path: str) -> Any:
+        if isinstance(schema, str):
+            if schema in self.named:
+                return self.convert(self.named[schema], value, path)
+            return self._primitive(schema, value, path)
+        if isinstance(schema, list):
+            return self._union(schema, value, path)
+        kind = schema.get("type")
+        if kind == "record" or kind == "error":
+            return self._record(schema, value, path)
+        if kind == "enum":
+            if not isinstance(value, str) or value not in schema["symbols"]:
+                raise BodyError(f"{path}: expected one of {schema['symbols']}, got "
+                                f"{_show(value)}")
+            return value
+        if kind == "array":
+            if not isinstance(value, list):
+                raise BodyError(f"{path}: expected an array, got {_json_type(value)}")
+            return [self.convert(schema["items"], v, f"{path}[{i}]") for i, v in enumerate(value)]
+        if kind == "map":
+            if not isinstance(value, dict):
+                raise BodyError(f"{path}: expected an object (map), got {_json_type(value)}")
+            return {k: self.convert(schema["values"], v, f"{path}.{k}") for k, v in value.items()}
+        if kind == "fixed":
+            data = _latin1(value, path)
+            if len(data) != schema["size"]:
+                raise BodyError(f"{path}: fixed {schema.get('name')} has {schema['size']} bytes, "
+                                f"got {len(data)}")
+            return data
+        return self.convert(kind, value, path)  # {"type": "int", "logicalType": ...} etc.
+
+    def _primitive(self, kind: str, value: Any, path: str) -> Any:
+        check = _PRIMITIVES.get(kind)
+        if check is None:
+            raise BodyError(f"{path}: the schema names an unknown type {kind!r}")
+        return check(value, path)
+
+    def _union(self, branches: list[Any], value: Any, path: str) -> Any:
+        errors = []
+        for branch in branches:
+            try:
+                return self.convert(branch, value, path)
+            except BodyError as exc:
+                errors.append(str(exc))
+        raise BodyError(f"{path}: matches no branch of the union: " + "; ".join(errors))
+
+    def _record(self, schema: dict[str, Any], value: Any, path: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise BodyError(f"{path}: expected an object (record {schema.get('name')}), got "
+                            f"{_json_type(value)}")
+        fields = schema["fields"]
+        names = {f["name"] for f in fields}
+        unknown = [k for k in value if k not in names]
+        if unknown:
+            raise BodyError(f"{path}: record {schema.get('name')} has no field "
+                            f"{', '.join(map(repr, unknown))}")
+        out: dict[str, Any] = {}
+        for f in fields:
+            name = f["name"]
+            where = f"{path}.{name}"
+            if name in value:
+                out[name] = self.convert(f["type"], value[name], where)
+            elif "default" in f:
+                ftype = f["type"]
+                # A union's default is a value of its first branch (Avro spec).
+                out[name] = self.convert(ftype[0] if isinstance(ftype, list) else ftype,
+                                         f["default"], where)
+            else:
+                raise BodyError(f"{where}: missing (the field has no default)")
+        return out
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _null(value: Any, path: str) -> None:
+    if value is not None:
+        raise BodyError(f"{path}: expected null, got {_json_type(value)}")
+
+
+def _boolean(value: Any, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise BodyError(f"{path}: expected a boolean, got {_json_type(value)}")
+    return value
+
+
+def _integer(kind: str) -> Callable[[Any, str], int]:
+    low, high = _INT_RANGE[kind]
+
+    def check(value: Any, path: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise BodyError(f"{path}: expected an integer ({kind}), got {_show(value)}")
+        if not low <= value <= high:
+            raise BodyError(f"{path}: {value} does not fit in an Avro {kind}")
+        return value
+
+    return check
+
+
+def _real(value: Any, path: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BodyError(f"{path}: expected a number, got {_json_type(value)}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise BodyError(f"{path}: {value} is too large for a floating-point number") from None
+
+
+def _string(value: Any, path: str) -> str:
+    if not isinstance(value, str):
+        raise BodyError(f"{path}: expected a string, got {_json_type(value)}")
+    return value
+
+
+def _latin1(value: Any, path: str) -> bytes:
+    if not isinstance(value, str):
+        raise BodyError(f"{path}: expected a string of bytes, got {_json_type(value)}")
+    try:
+        return value.encode("latin-1")
+    except UnicodeEncodeError:
+        raise BodyError(f"{path}: bytes are written as a string of code points 0-255 "
+                        "(\\u0000-\\u00ff)") from None
+
+
+_PRIMITIVES: dict[str, Callable[[Any, str], Any]] = {
+    "null": _null,
+    "boolean": _boolean,
+    "int": _integer("int"),
+    "long": _integer("long"),
+    "float": _real,
+    "double": _real,
+    "string": _string,
+    "bytes": _latin1,
+}

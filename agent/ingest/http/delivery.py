@@ -1,0 +1,166 @@
+"""Between the writer thread, the event loop and Kafka: commit results in, acks observed.
+
+``CompletionBridge`` carries the committer's callbacks (run on the writer thread) to the
+event loop. One group commit completes many requests at once; the bridge wakes the loop once
+for all of them rather than once per request.
+
+``DeliveryWatcher`` answers "did Kafka acknowledge these ids within the topic's
+ack_timeout_ms?", which decides 201 over 202. The forwarder runs in another process and
+removes a message from the buffer once a cluster acknowledged it, writing its outcome to the
+buffer's tracking table; the watcher polls that table for every id being waited on, all
+requests together, on one worker thread every ``interval`` seconds. It never blocks the event
+loop and never holds up a request for longer than the request asked to wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from agent.buffer.store import Store
+
+log = logging.getLogger(__name__)
+
+# Per id: "delivered", "discarded", "buffered", or None (not known yet).
+Check = Callable[[Sequence[bytes]], list[str | None]]
+
+
+class CompletionBridge:
+    """Resolve asyncio futures from another thread, one loop wake-up per burst."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._ready: list[tuple[asyncio.Future[Any], Any]] = []
+        self._scheduled = False
+
+    def callback(self, future: asyncio.Future[Any]) -> Callable[[Any], None]:
+        return functools.partial(self._complete, future)
+
+    def _complete(self, future: asyncio.Future[Any], result: Any) -> None:
+        with self._lock:
+            self._ready.append((future, result))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
+            self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            ready, self._ready = self._ready, []
+            self._scheduled = False
+        for future, result in ready:
+            if not future.done():
+                future.set_result(result)
+
+
+def store_check(store: Store) -> Check:
+    """A ``Check`` over ``Store.locate`` (the tracking table, else the buffer)."""
+
+    def check(ids: Sequence[bytes]) -> list[str | None]:
+        out: list[str | None] = []
+        for message_id in ids:
+            found = store.locate(message_id)
+            out.append(str(found.get("state")) if found else None)
+        return out
+
+    return check
+
+
+class _Wait:
+    __slots__ = ("remaining", "future")
+
+    def __init__(self, ids: Sequence[bytes], future: asyncio.Future[bool]) -> None:
+        self.remaining = set(ids)
+        self.future = future
+
+
+def _settle(future: asyncio.Future[bool], value: bool) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+class DeliveryWatcher:
+    """Wait, without blocking the loop, until Kafka acknowledged messages (or time is up)."""
+
+    def __init__(
+        self,
+        check: Check,
+        *,
+        interval: float = 0.002,
+        active: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.check = check
+        self.interval = interval
+        self.active = active
+        self._waits: set[_Wait] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="ferry-ack-watch")
+
+    async def wait(self, ids: Sequence[bytes], timeout: float) -> bool:
+        """True once every id was delivered; False at ``timeout``, on a discard or shutdown."""
+        if not ids or timeout <= 0:
+            return False
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        wait = _Wait(ids, future)
+        self._waits.add(wait)
+        timer = loop.call_later(timeout, _settle, future, False)
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._poll())
+        try:
+            return await future
+        finally:
+            timer.cancel()
+            self._waits.discard(wait)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waits)
+
+    def release_all(self) -> None:
+        """Answer every wait with "not delivered" now (shutdown: 202 rather than wait)."""
+        for wait in list(self._waits):
+            _settle(wait.future, False)
+
+    async def _poll(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._waits:
+            await asyncio.sleep(self.interval)
+            if not self.active():
+                self.release_all()
+                continue
+            waits = [w for w in self._waits if not w.future.done()]
+            ids = list({i for w in waits for i in w.remaining})
+            if not ids:
+                continue
+            try:
+                states = await loop.run_in_executor(self._executor, self.check, ids)
+            except Exception:  # noqa: BLE001 - e.g. the buffer closing under us
+                log.exception("checking Kafka acknowledgements failed; answering 202")
+                self.release_all()
+                continue
+            state = dict(zip(ids, states, strict=True))
+            for w in waits:
+                if w.future.done():
+                    continue
+                for message_id in list(w.remaining):
+                    s = state.get(message_id)
+                    if s == "delivered":
+                        w.remaining.discard(message_id)
+                    elif s is not None and s != "buffered":
+                        _settle(w.future, False)  # discarded: it will never be acknowledged
+                        break
+                if not w.remaining:
+                    _settle(w.future, True)
+
+    def close(self) -> None:
+        self.release_all()
+        self._executor.shutdown(wait=False, cancel_futures=True)

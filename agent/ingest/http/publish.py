@@ -1,0 +1,429 @@
+"""``POST /topics/{topic}`` and ``POST /topics/{topic}/batch``: the publish fast path.
+
+Raw ASGI, no framework: per request it reads the headers once, reads the body (bounded in
+size and time), checks and converts it for the topic, and hands the records to the group
+committer without blocking the event loop. It answers once the commit is durable:
+
+- 202 Accepted: on disk and fsynced in Ferry's buffer; the forwarder will deliver it.
+- 201 Created: additionally acknowledged by Kafka within the topic's ``ack_timeout_ms``.
+
+Both carry the message id in ``Ferry-Message-Id`` and ``Hermes-Message-Id``; a batch answers
+with every id, in order, in its JSON body. Refusals are JSON errors (see errors.py) and are
+counted as ``messages_rejected{source="http", reason}``. docs/http.md is the reference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from agent.buffer import keys
+from agent.buffer.committer import ShuttingDown
+from agent.buffer.store import BufferFull, BufferUnavailable
+from agent.config import TopicConfig
+from agent.ingest.http import idempotency as idem
+from agent.ingest.http.codecs import BodyError, Codecs, MediaTypeError, media_type
+from agent.ingest.http.counters import LocalCounters
+from agent.ingest.http.deadlines import BodyDeadlines
+from agent.ingest.http.delivery import Check, CompletionBridge, DeliveryWatcher, store_check
+from agent.ingest.http.errors import JSON_CONTENT_TYPE, HttpError
+from agent.ingest.http.ratelimit import RateLimiter
+from agent.ingest.http.topics import TopicCatalog, valid_topic
+from agent.records import Record, Source
+from agent.runtime import Phase, Runtime
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+# Longest Ferry holds a request waiting for Kafka, whatever a topic's ack_timeout_ms says.
+MAX_ACK_WAIT_MS = 60_000
+DEFAULT_MAX_BATCH_BYTES = 16 * 1024 * 1024
+# Refusals of a request whose body is still coming keep the connection (httptools reads and
+# drops the rest of a declared body) unless that body is bigger than this.
+_DRAIN_LIMIT = 4 * 1024 * 1024
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+RETRY_STARTING = 1.0
+RETRY_STOPPING = 5.0
+RETRY_FULL = 5.0
+RETRY_BUSY = 1.0
+
+_SOURCE = (("source", Source.HTTP),)
+
+
+class Publisher:
+    """The publish handler. One per app; binds to the event loop that first calls it."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        catalog: TopicCatalog,
+        *,
+        codecs: Codecs | None = None,
+        limiter: RateLimiter | None = None,
+        check: Check | None = None,
+        poll_interval: float = 0.002,
+    ) -> None:
+        cfg = runtime.config.http
+        self.runtime = runtime
+        self.committer = runtime.committer
+        self.catalog = catalog
+        self.codecs = codecs or Codecs()
+        self.limiter = limiter or RateLimiter()
+        self.idempotency = idem.Idempotency(runtime.store, cfg.idempotency_window_seconds)
+        self.body_timeout = cfg.body_timeout_seconds
+        self.max_batch_bytes = int(getattr(cfg, "max_batch_bytes", DEFAULT_MAX_BATCH_BYTES))
+        # Allow-listed request headers -> Kafka header names (spelled as configured).
+        self.allowlist = {n.lower().encode("latin-1"): n for n in cfg.header_allowlist}
+        self.track = runtime.store.track
+        self.check = check or store_check(runtime.store)
+        self.poll_interval = poll_interval
+        self.counters = LocalCounters(runtime.registry)
+        self.deadlines = BodyDeadlines()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._bridge: CompletionBridge | None = None
+        self._watcher: DeliveryWatcher | None = None
+        self._inflight: dict[bytes, asyncio.Future[None]] = {}
+
+    # -- loop binding ----------------------------------------------------------------------
+    def _bind(self) -> tuple[CompletionBridge, DeliveryWatcher]:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._bridge is None or self._watcher is None:
+            if self._watcher is not None:
+                self._watcher.close()
+            self._loop = loop
+            self._bridge = CompletionBridge(loop)
+            self._watcher = DeliveryWatcher(self.check, interval=self.poll_interval,
+                                            active=lambda: self.runtime.accepting)
+            self._inflight = {}
+        return self._bridge, self._watcher
+
+    def release_waits(self) -> None:
+        """Answer requests waiting for Kafka now (202): shutdown should not wait for acks."""
+        if self._watcher is not None and self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed already
+                self._loop.call_soon_threadsafe(self._watcher.release_all)
+
+    def close(self) -> None:
+        self.counters.flush()
+        if self._watcher is not None:
+            self._watcher.close()
+
+    # -- ASGI ------------------------------------------------------------------------------
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, topic: str,
+                       batch: bool) -> None:
+        route = "batch" if batch else "publish"
+        try:
+            status, headers, body = await self._publish(scope, receive, topic, batch)
+        except HttpError as exc:
+            status, body = exc.status, exc.body()
+            headers = exc.headers(body)
+            if exc.reason is not None:
+                self.counters.add("messages_rejected", (*_SOURCE, ("reason", exc.reason)),
+                                  exc.count)
+        except _Disconnected:
+            self.counters.add("http_requests", (("route", route), ("status", "499")))
+            return
+        except Exception:  # noqa: BLE001 - a bug must still produce an answer, and a log
+            log.exception("publishing to %r failed", topic)
+            err = HttpError(500, "internal_error",
+                            "Ferry failed to handle this request; nothing was acknowledged. "
+                            "The error is in Ferry's log.", close=True)
+            status, body = 500, err.body()
+            headers = err.headers(body)
+        self.counters.add("http_requests", (("route", route), ("status", _STATUS[status])))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _publish(
+        self, scope: Scope, receive: Receive, topic: str, batch: bool
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        runtime = self.runtime
+        if not runtime.accepting:
+            raise _not_accepting(runtime.phase)
+        if not valid_topic(topic):
+            raise HttpError(400, "invalid_topic",
+                            f"{topic[:300]!r} is not a legal Kafka topic name: 1 to 249 of "
+                            "A-Z a-z 0-9 . _ -, and not '.' or '..'", reason="invalid")
+        settings = self.catalog.resolve(topic)
+        if settings is None:
+            raise HttpError(404, "unknown_topic",
+                            f"topic {topic!r} is not defined here, and auto-creation of topics "
+                            "is off (http.auto_create_topics)", reason="unknown_topic")
+
+        # -- headers (one pass) --
+        ctype: bytes | None = None
+        length: bytes | None = None
+        pkey: bytes | None = None
+        fpk: bytes | None = None
+        ikey: bytes | None = None
+        kafka_headers: list[tuple[str, bytes]] = []
+        allow = self.allowlist
+        for name, value in scope["headers"]:
+            if name == b"content-type":
+                ctype = value
+            elif name == b"content-length":
+                length = value
+            elif name == b"partition-key":
+                pkey = value
+            elif name == b"ferry-partition-key":
+                fpk = value
+            elif name == b"idempotency-key":
+                ikey = value
+            elif allow and name in allow:
+                kafka_headers.append((allow[name], value))
+
+        limit = self.max_batch_bytes if batch else settings.max_message_bytes
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise HttpError(413, "too_large",
+                            f"the body of {int(length)} bytes is over the limit of {limit} "
+                            f"({_limit_name(topic, batch)})",
+                            reason="too_large", close=int(length) > _DRAIN_LIMIT)
+        partition_key = _partition_key(fpk) if fpk is not None else None
+        if pkey is not None and not pkey:
+            raise HttpError(400, "invalid_header", "Partition-Key is empty; leave it out for "
+                            "no key", reason="invalid")
+        if ikey is not None:
+            try:
+                idem.check_key(ikey)
+            except idem.BadKey as exc:
+                raise HttpError(400, "invalid_header", str(exc), reason="invalid") from None
+
+        body = await self._read_body(receive, limit, topic, batch)
+
+        # -- body -> values --
+        media = media_type(ctype)
+        try:
+            codec = self.codecs.get(settings)
+        except ValueError as exc:
+            raise HttpError(500, "topic_misconfigured",
+                            f"topic {topic!r} cannot take messages: {exc}") from None
+        try:
+            values = codec.batch(media, body) if batch else [codec.single(media, body)]
+        except BodyError as exc:
+            self.counters.add("messages_received", _SOURCE, exc.count)
+            raise HttpError(400, "invalid_body", str(exc), reason="invalid",
+                            count=exc.count) from None
+        except MediaTypeError as exc:
+            self.counters.add("messages_received", _SOURCE)
+            raise HttpError(415, "unsupported_media_type", str(exc),
+                            reason="unsupported_media_type") from None
+        n = len(values)
+        self.counters.add("messages_received", _SOURCE, n)
+        ksize = len(pkey) if pkey else 0
+        max_bytes = settings.max_message_bytes
+        for i, v in enumerate(values):
+            if len(v) + ksize > max_bytes:
+                where = f"message [{i}]" if batch else "the message"
+                raise HttpError(413, "too_large",
+                                f"{where} is {len(v) + ksize} bytes (key + value) stored, over "
+                                f"max_message_bytes={max_bytes} of topic {topic!r}",
+                                reason="too_large", count=n)
+
+        ts = int(time.time() * 1000)
+        headers = tuple(kafka_headers)
+        hash_key = pkey is not None
+        records = [Record(topic, v, pkey, partition_key, ts, headers, hash_key) for v in values]
+
+        # -- idempotency, rate limit, commit --
+        state_key: bytes | None = None
+        fingerprint = ""
+        if ikey is not None and self.idempotency.enabled:
+            state_key = self.idempotency.state_key(topic, ikey)
+            fingerprint = idem.fingerprint([
+                b"batch" if batch else b"single", ctype or b"", pkey or b"", fpk or b"",
+                *(f"{k}={v!r}".encode() for k, v in headers), body])
+            replay = await self._replay(state_key, fingerprint, settings, batch, n)
+            if replay is not None:
+                return replay
+        wait = self.limiter.acquire(topic, settings.rate_limit, n)
+        if wait:
+            raise HttpError(429, "rate_limited",
+                            f"topic {topic!r} takes at most {settings.rate_limit:g} messages/s "
+                            "over HTTP", reason="rate_limited", retry_after=wait, count=n)
+        if state_key is None:
+            ids = await self._commit(records)
+            return await self._answer(ids, settings, batch)
+        assert self._loop is not None
+        gate: asyncio.Future[None] = self._loop.create_future()
+        self._inflight[state_key] = gate
+        try:
+            ids = await self._commit(records)
+            await self._remember(state_key, idem.Entry(ts, fingerprint, ids, batch))
+        finally:
+            if self._inflight.get(state_key) is gate:
+                del self._inflight[state_key]
+            gate.set_result(None)
+        return await self._answer(ids, settings, batch)
+
+    async def _read_body(self, receive: Receive, limit: int, topic: str, batch: bool) -> bytes:
+        parts: list[bytes] = []
+        size = 0
+        task = self.deadlines.begin(self.body_timeout)
+        try:
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    raise _Disconnected()
+                chunk = message.get("body", b"")
+                if chunk:
+                    size += len(chunk)
+                    if size > limit:
+                        raise HttpError(413, "too_large",
+                                        f"the body is over the limit of {limit} bytes "
+                                        f"({_limit_name(topic, batch)})",
+                                        reason="too_large", close=True)
+                    parts.append(chunk)
+                if not message.get("more_body", False):
+                    break
+        except asyncio.CancelledError:
+            if self.deadlines.expired(task):
+                raise HttpError(408, "request_timeout",
+                                f"the body did not arrive within {self.body_timeout:g} s "
+                                "(http.body_timeout_seconds)", reason="timeout",
+                                close=True) from None
+            raise
+        finally:
+            self.deadlines.end(task)
+        if len(parts) == 1:
+            return parts[0]
+        return b"".join(parts)
+
+    async def _commit(self, records: list[Record]) -> list[bytes]:
+        bridge, _ = self._bind()
+        assert self._loop is not None
+        future: asyncio.Future[Any] = self._loop.create_future()
+        try:
+            queued = self.committer.submit(records, Source.HTTP, bridge.callback(future),
+                                           block=False)
+        except ShuttingDown:
+            raise _not_accepting(Phase.STOPPING, count=len(records)) from None
+        if not queued:
+            raise HttpError(503, "overloaded",
+                            "Ferry's buffer writer is behind; nothing was stored. Retry later.",
+                            reason="overloaded", retry_after=RETRY_BUSY, count=len(records))
+        result = await future
+        if isinstance(result, BufferFull):
+            # Counted by the committer (messages_rejected reason buffer_full).
+            raise HttpError(503, "buffer_full",
+                            f"Ferry's buffer is full; nothing was stored: {result}",
+                            retry_after=RETRY_FULL)
+        if isinstance(result, BufferUnavailable):
+            raise HttpError(503, result.reason,
+                            f"Ferry's buffer cannot store messages; nothing was stored: {result}",
+                            retry_after=RETRY_FULL)
+        ids: list[bytes] = result
+        return ids
+
+    async def _remember(self, state_key: bytes, entry: idem.Entry) -> None:
+        """Commit the idempotency entry of messages just stored (see docs/http.md)."""
+        bridge, _ = self._bind()
+        assert self._loop is not None
+        puts = self.idempotency.puts(state_key, entry)
+        future: asyncio.Future[Any] = self._loop.create_future()
+        try:
+            queued = self.committer.submit([], Source.HTTP, bridge.callback(future),
+                                           state_puts=puts, block=False)
+            if queued:
+                result = await future
+            else:
+                result = await self._loop.run_in_executor(
+                    None, lambda: self.committer.commit([], Source.HTTP, state_puts=puts))
+        except ShuttingDown as exc:
+            result = BufferUnavailable("shutting_down", str(exc))
+        if not isinstance(result, list):
+            # The messages are stored and will be answered 201/202; only a retry of this
+            # request could now store them a second time.
+            log.warning("could not record Idempotency-Key %r: %s", state_key[:80], result)
+        if self.idempotency.prune_due():
+            self._loop.run_in_executor(None, self._prune)
+
+    def _prune(self) -> None:
+        try:
+            removed = self.idempotency.prune()
+            if removed:
+                log.info("pruned %d expired idempotency keys", removed)
+        except Exception:  # noqa: BLE001 - pruning is housekeeping; retried next interval
+            log.exception("pruning idempotency keys failed")
+
+    async def _replay(
+        self, state_key: bytes, fingerprint: str, settings: TopicConfig, batch: bool, n: int
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
+        self._bind()
+        while (gate := self._inflight.get(state_key)) is not None:
+            await asyncio.shield(gate)  # the same key is being stored right now: its answer
+        entry = self.idempotency.lookup(state_key)
+        if entry is None:
+            return None
+        if entry.fingerprint != fingerprint:
+            raise HttpError(422, "idempotency_key_reused",
+                            "this Idempotency-Key was used for a different request (body or "
+                            "headers differ) within the idempotency window", reason="invalid",
+                            count=n)
+        return await self._answer(entry.ids, settings, batch, replayed=True)
+
+    async def _answer(self, ids: list[bytes], settings: TopicConfig, batch: bool,
+                      replayed: bool = False) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        delivered = False
+        timeout_ms = min(settings.ack_timeout_ms, MAX_ACK_WAIT_MS)
+        if timeout_ms > 0 and self.track:
+            _, watcher = self._bind()
+            delivered = await watcher.wait(ids, timeout_ms / 1000)
+        status = 201 if delivered else 202
+        flag = b"true" if delivered else b"false"
+        texts = [keys.id_text(i) for i in ids]
+        if batch:
+            listed = b",".join(b'"' + t.encode() + b'"' for t in texts)
+            body = (b'{"ids":[' + listed + b'],"count":' + str(len(texts)).encode()
+                    + b',"delivered":' + flag + b"}")
+            headers = [(b"content-type", JSON_CONTENT_TYPE),
+                       (b"content-length", str(len(body)).encode())]
+        else:
+            mid = texts[0].encode()
+            body = b'{"id":"' + mid + b'","delivered":' + flag + b"}"
+            headers = [(b"content-type", JSON_CONTENT_TYPE),
+                       (b"content-length", str(len(body)).encode()),
+                       (b"ferry-message-id", mid), (b"hermes-message-id", mid)]
+        if replayed:
+            headers.append((b"idempotent-replayed", b"true"))
+        return status, headers, body
+
+
+class _Disconnected(Exception):
+    """The client went away before its body arrived; there is nobody to answer."""
+
+
+_INTEGER = re.compile(rb"[+-]?[0-9]{1,12}")
+_STATUS = {code: str(code) for code in range(100, 600)}
+
+
+def _limit_name(topic: str, batch: bool) -> str:
+    return "http.max_batch_bytes" if batch else f"max_message_bytes of topic {topic!r}"
+
+
+def _partition_key(raw: bytes) -> int:
+    text = raw.strip()
+    value = int(text) if _INTEGER.fullmatch(text) else None
+    if value is None or not _INT32_MIN <= value <= _INT32_MAX:
+        raise HttpError(400, "invalid_header",
+                        f"Ferry-Partition-Key must be a 32-bit signed integer "
+                        f"({_INT32_MIN}..{_INT32_MAX}), not {raw[:40]!r}", reason="invalid")
+    return value
+
+
+def _not_accepting(phase: Phase, count: int = 1) -> HttpError:
+    if phase is Phase.STARTING:
+        return HttpError(503, "starting", "Ferry is starting; retry in a moment.",
+                         reason="starting", retry_after=RETRY_STARTING, count=count)
+    return HttpError(503, "shutting_down",
+                     "Ferry is shutting down and takes no new messages; retry against another "
+                     "instance or after the restart.", reason="shutting_down",
+                     retry_after=RETRY_STOPPING, count=count)
