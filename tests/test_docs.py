@@ -1,0 +1,46 @@
+"""The configuration reference names every field the model has (and nothing it lacks)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from agent.config import FerryConfig, KafkaClusterConfig, TopicConfig
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+
+
+def _fields(model: type[BaseModel]) -> set[str]:
+    return {f.alias or name for name, f in model.model_fields.items()}
+
+
+def test_every_config_field_is_documented() -> None:
+    text = DOC.read_text()
+    documented = set(re.findall(r"^\| `([a-z_]+)` \|", text, flags=re.M))
+    expected: set[str] = set()
+    for name, field in FerryConfig.model_fields.items():
+        section = field.annotation
+        if name == "kafka":
+            expected |= _fields(KafkaClusterConfig)
+        elif isinstance(section, type) and issubclass(section, BaseModel):
+            expected |= _fields(section)
+        elif name == "topics":
+            expected |= _fields(TopicConfig)
+        else:
+            expected.add(name)
+    assert expected - documented == set(), "fields missing from docs/configuration.md"
+    assert documented - expected == set(), "docs/configuration.md names fields that do not exist"
+
+
+def test_the_documented_example_is_a_valid_config(tmp_path: Path) -> None:
+    from agent.config import load_config
+
+    example = DOC.read_text().split("```toml", 1)[1].split("```", 1)[0]
+    path = tmp_path / "ferry.toml"
+    path.write_text(example)
+    config = load_config(path)
+    assert config.topic("orders").acks == "all"
+    assert config.topic("anything").acks == "leader"
+    assert config.kafka.remote is not None
