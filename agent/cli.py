@@ -112,7 +112,12 @@ def _run(args: argparse.Namespace) -> int:
 # -- send ----------------------------------------------------------------------------------
 def _send(args: argparse.Namespace) -> int:
     from agent.client import FerryClient
+    from agent.config import is_valid_topic
 
+    if not is_valid_topic(args.topic):
+        print(f"ferry send: {args.topic!r} is not a legal Kafka topic name "
+              "([A-Za-z0-9._-], 1 to 249 characters)", file=sys.stderr)
+        return 1
     path = args.socket_path
     if path is None:
         path = _config(args).socket.path or Path("/run/ferry/ferry.sock")

@@ -1,0 +1,88 @@
+"""The `ferry` command as a user runs it (real processes, real buffer)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from agent import __version__
+from agent.buffer.store import Store
+from agent.records import Record
+from tests.agent_harness import REPO_ROOT, write_config
+
+
+def ferry(*args: str, stdin: str | None = None, env: dict[str, str] | None = None
+          ) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60, input=stdin,
+                          env={**os.environ, **(env or {})})
+
+
+def test_version() -> None:
+    done = ferry("--version")
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"ferry {__version__}"
+
+
+def test_invalid_config_stops_start_up_naming_the_field(tmp_path: Path) -> None:
+    cfg = tmp_path / "ferry.toml"
+    cfg.write_text('[buffer]\nmax_bytes = -5\n[socket]\nmode = "999"\n')
+    done = ferry("run", "--config", str(cfg))
+    assert done.returncode == 2
+    assert "buffer.max_bytes" in done.stderr
+    assert "socket.mode" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_environment_overrides_are_validated_too(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, "127.0.0.1:1", http=False)
+    done = ferry("run", "--config", str(cfg), env={"FERRY_HTTP__LISTEN": "nonsense"})
+    assert done.returncode == 2
+    assert "http.listen" in done.stderr
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
+    done = ferry("run", "--config", str(tmp_path / "nope.toml"))
+    assert done.returncode == 2
+    assert "does not exist" in done.stderr
+
+
+def test_send_to_a_missing_socket_fails_clearly(tmp_path: Path) -> None:
+    done = ferry("send", "--socket-path", str(tmp_path / "none.sock"), "--topic", "t",
+                 "--value", "v")
+    assert done.returncode == 1
+    assert "ferry send:" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_send_refuses_an_illegal_topic(tmp_path: Path) -> None:
+    done = ferry("send", "--socket-path", str(tmp_path / "none.sock"), "--topic", "a b",
+                 "--value", "v")
+    assert done.returncode == 1
+    assert "topic" in done.stderr
+
+
+def test_buffer_topics_peek_and_purge(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, "127.0.0.1:1", http=False)
+    store = Store(tmp_path / "buffer", 256 * 1024 * 1024)
+    store.append([[Record("orders", b"first", key=b"k", partition_key=3),
+                   Record("orders", b"second"), Record("audit", b"x")]])
+    store.close()
+    done = ferry("buffer", "--config", str(cfg), "topics")
+    assert done.returncode == 0, done.stderr
+    lines = {line.split()[0]: line.split()[1] for line in done.stdout.splitlines()[1:-1]}
+    assert lines == {"audit": "1", "orders": "2"}
+    done = ferry("buffer", "--config", str(cfg), "peek", "orders", "--limit", "1")
+    assert "value=b'first'" in done.stdout and "partition_key=3" in done.stdout
+    assert "second" not in done.stdout
+    # Purge asks first; a wrong answer purges nothing.
+    done = ferry("buffer", "--config", str(cfg), "purge", "orders")
+    assert done.returncode == 1  # no terminal to ask on, and no --yes
+    done = ferry("buffer", "--config", str(cfg), "purge", "orders", "--yes")
+    assert done.returncode == 0 and "purged 2 messages" in done.stdout
+    store = Store(tmp_path / "buffer", 256 * 1024 * 1024)
+    assert [s.topic for s in store.topic_stats()] == ["audit"]
+    store.close()
