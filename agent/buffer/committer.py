@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from agent.buffer.store import BufferFull, BufferUnavailable, Store
+from agent.buffer.store import BufferFull, BufferUnavailable, StateChange, Store
 from agent.metrics import REGISTRY, Registry
 from agent.records import Record
 
@@ -173,17 +173,12 @@ class Committer:
             self._commit(taken)
 
     def _commit(self, taken: list[_Submission]) -> None:
-        puts: dict[bytes, bytes] = {}
-        deletes: list[bytes] = []
-        for s in taken:
-            if s.state_puts:
-                puts.update(s.state_puts)
-            deletes.extend(s.state_deletes)
+        states = [StateChange(s.state_puts or {}, s.state_deletes)
+                  if s.state_puts or s.state_deletes else None for s in taken]
         started = time.perf_counter()
         results: list[Result]
         try:
-            appended = self.store.append([s.records for s in taken],
-                                         state_puts=puts, state_deletes=deletes)
+            appended = self.store.append([s.records for s in taken], states=states)
             results = list(appended)
             self._full = any(isinstance(r, BufferFull) for r in results)
         except (BufferFull, BufferUnavailable) as exc:

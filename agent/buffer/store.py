@@ -25,9 +25,9 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lmdb
 
@@ -59,6 +59,14 @@ class BufferUnavailable(Exception):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class StateChange:
+    """Ingest-side state to change in the same transaction as a group of messages."""
+
+    puts: Mapping[bytes, bytes] = field(default_factory=dict)
+    deletes: Sequence[bytes] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,15 +282,18 @@ class Store:
         self,
         batches: Sequence[Sequence[Record]],
         *,
+        states: Sequence[StateChange | None] | None = None,
         state_puts: Mapping[bytes, bytes] | None = None,
-        state_deletes: Iterable[bytes] = (),
+        state_deletes: Sequence[bytes] = (),
         enforce_limit: bool = True,
     ) -> list[list[bytes] | BufferFull]:
         """Commit several groups of records in one durable transaction.
 
         Returns, per group, its message ids, or ``BufferFull`` when that group did not fit:
         groups are all-or-nothing, and a group that does not fit does not stop later, smaller
-        ones. ``state_puts``/``state_deletes`` commit in the same transaction.
+        ones. ``states[i]`` is state to change together with group ``i`` (e.g. spool progress,
+        an idempotency key); it is applied only if the group is stored, in group order.
+        ``state_puts``/``state_deletes`` apply only if every group is stored.
         """
 
         def body(txn: lmdb.Transaction) -> list[list[bytes] | BufferFull]:
@@ -294,45 +305,60 @@ class Store:
                 seq += 1
             else:
                 seq = 0
-            generations: dict[str, int] = {}
-            counts: dict[str, list[int]] = {}
+            # Per topic: [key prefix, generation, messages added, bytes added].
+            per_topic: dict[str, list[Any]] = {}
             items: list[tuple[bytes, bytes]] = []
             results: list[list[bytes] | BufferFull] = []
-            for group in batches:
-                need = sum(r.size + len(r.topic) + RECORD_OVERHEAD for r in group)
+            pack_id = keys.ID.pack
+            encode = codec.encode
+            for gi, group in enumerate(batches):
+                ids: list[bytes] = []
+                encoded: list[tuple[bytes, bytes]] = []
+                need = 0
+                for r in group:
+                    t = per_topic.get(r.topic)
+                    if t is None:
+                        t = per_topic[r.topic] = [keys.topic_prefix(r.topic),
+                                                  self._generation(txn, r.topic), 0, 0]
+                    if seq > 0xFFFFFFFF:
+                        ts, seq = ts + 1, 0
+                    mid = pack_id(ts, seq)
+                    seq += 1
+                    k = t[0] + mid
+                    value = encode(r, t[1])
+                    encoded.append((k, value))
+                    ids.append(mid)
+                    need += len(k) + len(value) + RECORD_OVERHEAD
                 if need > room:
+                    # The ids allocated for this group are simply never used.
                     results.append(BufferFull(
                         f"buffer full: {need} bytes do not fit in the {max(room, 0)} left"))
                     continue
                 room -= need
-                ids: list[bytes] = []
-                for r in group:
-                    gen = generations.get(r.topic)
-                    if gen is None:
-                        gen = generations[r.topic] = self._generation(txn, r.topic)
-                    if seq > 0xFFFFFFFF:
-                        ts, seq = ts + 1, 0
-                    mid = keys.ID.pack(ts, seq)
-                    seq += 1
-                    value = codec.encode(r, gen)
-                    k = keys.message_key(r.topic, mid)
-                    items.append((k, value))
-                    ids.append(mid)
-                    c = counts.get(r.topic)
-                    if c is None:
-                        c = counts[r.topic] = [0, 0]
-                    c[0] += 1
-                    c[1] += len(k) + len(value)
+                for (k, value), r in zip(encoded, group, strict=True):
+                    t = per_topic[r.topic]
+                    t[2] += 1
+                    t[3] += len(k) + len(value)
+                items += encoded
                 results.append(ids)
+                change = states[gi] if states is not None else None
+                if change is not None:
+                    for sk, sv in change.puts.items():
+                        txn.put(sk, sv, db=self._state)
+                    for sk in change.deletes:
+                        txn.delete(sk, db=self._state)
+            counts = {topic: [t[2], t[3]] for topic, t in per_topic.items() if t[2]}
             if items:
                 with txn.cursor(self._messages) as cur:
                     cur.putmulti(items)
                 txn.put(_LAST_ID, keys.ID.pack(ts, max(seq - 1, 0)), db=self._meta)
                 self._adjust_counts(txn, counts, +1)
-            for k, v in (state_puts or {}).items():
-                txn.put(k, v, db=self._state)
-            for k in state_deletes:
-                txn.delete(k, db=self._state)
+            if (state_puts or state_deletes) and not any(
+                    isinstance(r, BufferFull) for r in results):
+                for sk, sv in (state_puts or {}).items():
+                    txn.put(sk, sv, db=self._state)
+                for sk in state_deletes:
+                    txn.delete(sk, db=self._state)
             return results
 
         result: list[list[bytes] | BufferFull] = self._write(body)
@@ -425,7 +451,8 @@ class Store:
                 return out
             plen = len(prefix)
             decode = codec.decode
-            for k, v in cur:
+            # The environment is opened without buffers=True, so keys and values are bytes.
+            for k, v in cast(Iterator[tuple[bytes, bytes]], cur):
                 if not k.startswith(prefix):
                     break
                 if after is not None and k == start:
