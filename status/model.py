@@ -1,0 +1,496 @@
+"""The status documents: JSON built from one merged registry ``View``. Pure functions, no I/O.
+
+Every number on the status page, in the JSON endpoints and in ``ferry status`` comes from the
+one metrics registry (``agent/metrics.py``), read through a ``View`` that already holds the
+forwarder process's numbers. The documents are described by ``status/schema.json`` and in
+``docs/status.md``; change the three together.
+
+Documents never contain NaN or infinities (``json.dumps(allow_nan=False)`` must accept them):
+unknown values are ``null``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.metrics import DEFINITIONS, Histogram, View
+
+SOURCES = ("socket", "http", "spool", "replay")
+SAMPLE_KINDS = ("discarded", "rejected", "error")
+LEVELS = ("ok", "warning", "critical")
+
+# Strings inside samples come from clients and errors; keep the documents (and the page) small.
+_MAX_STRING = 400
+_MAX_DEPTH = 4
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the documents need besides the registry: identity, lifecycle, configuration."""
+
+    version: str
+    hostname: str
+    pid: int
+    started_at: float
+    now: float
+    phase: str
+    ready: bool
+    ready_reason: str
+    # Configured Kafka clusters: name ("local"/"remote") -> bootstrap servers.
+    clusters: Mapping[str, str] = field(default_factory=dict)
+    max_bytes: int = 0
+    track_messages: bool = True
+    track_seconds: int = 3600
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When ``health`` calls the agent unhealthy. ``ferry status`` can override each one."""
+
+    oldest_warning_seconds: float = 60.0
+    oldest_critical_seconds: float = 600.0
+    used_warning_fraction: float = 0.80
+    used_critical_fraction: float = 0.95
+    # How far back "recently" reaches for discards, quarantines and restarts (bounded by the
+    # server's history ring, 10 minutes).
+    recent_seconds: float = 600.0
+
+    def to_json(self) -> dict[str, float]:
+        return {
+            "oldest_warning_seconds": self.oldest_warning_seconds,
+            "oldest_critical_seconds": self.oldest_critical_seconds,
+            "used_warning_fraction": self.used_warning_fraction,
+            "used_critical_fraction": self.used_critical_fraction,
+            "recent_seconds": self.recent_seconds,
+        }
+
+
+DEFAULT_THRESHOLDS = Thresholds()
+
+
+# -- small helpers ---------------------------------------------------------------------------
+
+
+def _num(value: float | None) -> float | None:
+    if value is None or not math.isfinite(value):
+        return None
+    return value
+
+
+def _count(value: float) -> int:
+    return max(0, int(round(value))) if math.isfinite(value) else 0
+
+
+def _gauge(view: View, name: str, **match: str) -> float | None:
+    """A gauge's value, or None when nobody has set it (unknown is not zero)."""
+    want = set(match.items())
+    found = [v for k, v in view.values.get(name, {}).items() if want <= set(k)]
+    if not found:
+        return None
+    return _num(sum(found))
+
+
+def _counts(mapping: Mapping[str, float]) -> dict[str, int]:
+    return {k: _count(v) for k, v in sorted(mapping.items())}
+
+
+def jsonable(value: Any, depth: int = 0) -> Any:
+    """Any sample or info value as JSON-safe data: bytes as text, long strings cut."""
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return _num(value)
+    if isinstance(value, str):
+        return value if len(value) <= _MAX_STRING else value[:_MAX_STRING] + "…"
+    if isinstance(value, bytes | bytearray | memoryview):
+        return jsonable(bytes(value).decode("utf-8", "backslashreplace"), depth)
+    if depth >= _MAX_DEPTH:
+        return jsonable(repr(value), depth)
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [jsonable(v, depth + 1) for v in value]
+    return jsonable(str(value), depth)
+
+
+def _latency(h: Histogram) -> dict[str, Any]:
+    return {
+        "count": h.count,
+        "mean_seconds": _num(h.total / h.count) if h.count else None,
+        "p50_seconds": _num(h.quantile(0.5)),
+        "p99_seconds": _num(h.quantile(0.99)),
+    }
+
+
+# -- documents -------------------------------------------------------------------------------
+
+
+def info(view: View, ctx: Context) -> dict[str, Any]:
+    """Bruce's server info: who and what is running, since when."""
+    return {
+        "version": ctx.version,
+        "hostname": ctx.hostname,
+        "pid": ctx.pid,
+        "time": ctx.now,
+        "started_at": ctx.started_at,
+        "uptime_seconds": max(0.0, ctx.now - ctx.started_at),
+        "phase": ctx.phase,
+        "ready": ctx.ready,
+        "ready_reason": ctx.ready_reason,
+        "details": jsonable(view.info),
+    }
+
+
+def totals(view: View) -> dict[str, Any]:
+    """The headline counters (cumulative since start; the page turns them into rates)."""
+    accepted = view.by("messages_accepted", "source")
+    return {
+        "received": _count(view.total("messages_received")),
+        "accepted": _count(view.total("messages_accepted")),
+        "accepted_by_source": {s: _count(accepted.get(s, 0))
+                               for s in sorted(set(SOURCES) | set(accepted))},
+        "rejected": _count(view.total("messages_rejected")),
+        "delivered": _count(view.total("messages_delivered")),
+        "delivered_by_cluster": _counts(view.by("messages_delivered", "cluster")),
+        "discarded": _count(view.total("messages_discarded")),
+        "delivery_failures": _count(view.total("delivery_failures")),
+        "duplicate_acks": _count(view.total("messages_duplicate_acks")),
+        "process_restarts": _count(view.total("process_restarts")),
+    }
+
+
+def counters(view: View, ctx: Context) -> dict[str, Any]:
+    """Bruce's counters: every series of every metric, plus the headline totals."""
+    metrics: list[dict[str, Any]] = []
+    names = list(DEFINITIONS) + sorted(
+        (set(view.values) | set(view.hists)) - set(DEFINITIONS))
+    for name in names:
+        d = DEFINITIONS.get(name)
+        kind = d.kind if d else ("histogram" if name in view.hists else "gauge")
+        series: list[dict[str, Any]] = []
+        if kind == "histogram":
+            for key, h in sorted(view.hists.get(name, {}).items()):
+                cumulative, buckets = 0, []
+                for bound, c in zip([*h.buckets, math.inf], h.counts, strict=True):
+                    cumulative += c
+                    buckets.append({"le": bound if math.isfinite(bound) else "+Inf",
+                                    "count": cumulative})
+                series.append({"labels": dict(key), "count": h.count, "sum": _num(h.total),
+                               "buckets": buckets})
+        else:
+            for key, v in sorted(view.values.get(name, {}).items()):
+                series.append({"labels": dict(key), "value": _num(v)})
+        metrics.append({
+            "name": name,
+            "kind": kind,
+            "help": d.help if d else "",
+            "labels": list(d.labels) if d else [],
+            "series": series,
+        })
+    return {"time": ctx.now, "totals": totals(view), "metrics": metrics}
+
+
+def queues(view: View, ctx: Context) -> dict[str, Any]:
+    """Bruce's queues: what waits in the buffer, per topic and overall."""
+    messages = view.by("buffer_messages", "topic")
+    sizes = view.by("buffer_bytes", "topic")
+    ages = view.by("buffer_oldest_age_seconds", "topic")
+    rows: list[dict[str, Any]] = []
+    for topic in sorted(set(messages) | set(sizes)):
+        n = _count(messages.get(topic, 0))
+        if n <= 0:
+            continue
+        rows.append({
+            "topic": topic,
+            "messages": n,
+            "bytes": _count(sizes.get(topic, 0)),
+            "oldest_age_seconds": _num(ages[topic]) if topic in ages else None,
+        })
+    used = _gauge(view, "buffer_used_bytes")
+    max_bytes = _gauge(view, "buffer_max_bytes") or float(ctx.max_bytes)
+    known_ages: list[float] = [r["oldest_age_seconds"] for r in rows
+                               if r["oldest_age_seconds"] is not None]
+    return {
+        "time": ctx.now,
+        "buffer": {
+            "messages": sum(r["messages"] for r in rows),
+            "bytes": sum(r["bytes"] for r in rows),
+            "used_bytes": _count(used) if used is not None else None,
+            "max_bytes": _count(max_bytes),
+            "used_fraction": (_num(used / max_bytes) if used is not None and max_bytes > 0
+                              else None),
+            "full": bool(_gauge(view, "buffer_full")),
+            "oldest_age_seconds": max(known_ages) if known_ages else None,
+        },
+        "in_flight": _counts(view.by("messages_in_flight", "cluster")),
+        "topics": rows,
+    }
+
+
+def _last_error(view: View, topic: str) -> dict[str, Any] | None:
+    latest: dict[str, Any] | None = None
+    for (kind, reason), items in view.samples.items():
+        if kind != "error":
+            continue
+        for item in items:
+            t = item.get("time", 0)
+            if item.get("topic") == topic and (latest is None or t > latest["time"]):
+                latest = {"time": _num(float(t)), "error": reason,
+                          "cluster": jsonable(item.get("cluster")),
+                          "detail": jsonable(item.get("detail"))}
+    if latest is not None:
+        return latest
+    # The samples roll over; the counter does not. Name the commonest error at least.
+    errors = view.by("delivery_failures", "error", topic=topic)
+    if not errors:
+        return None
+    worst = max(sorted(errors), key=lambda e: errors[e])
+    clusters = view.by("delivery_failures", "cluster", topic=topic, error=worst)
+    return {"time": None, "error": worst,
+            "cluster": max(sorted(clusters), key=lambda c: clusters[c]) if clusters else None,
+            "detail": None}
+
+
+def topics(view: View, ctx: Context) -> dict[str, Any]:
+    """Per topic: accepted, delivered, buffered, discarded, last error, clusters used."""
+    names: set[str] = set()
+    for metric in ("messages_accepted", "messages_delivered", "messages_discarded",
+                   "buffer_messages", "delivery_failures"):
+        names.update(view.by(metric, "topic"))
+    names.discard("")
+    messages = view.by("buffer_messages", "topic")
+    sizes = view.by("buffer_bytes", "topic")
+    ages = view.by("buffer_oldest_age_seconds", "topic")
+    rows = []
+    for topic in sorted(names):
+        delivered = view.by("messages_delivered", "cluster", topic=topic)
+        used = sorted((c for c, n in delivered.items() if n > 0),
+                      key=lambda c: (-delivered[c], c))
+        buffered = _count(messages.get(topic, 0))
+        rows.append({
+            "topic": topic,
+            "accepted": _count(view.total("messages_accepted", topic=topic)),
+            "accepted_by_source": _counts(view.by("messages_accepted", "source", topic=topic)),
+            "delivered": _count(sum(delivered.values())),
+            "delivered_by_cluster": _counts(delivered),
+            "buffered": buffered,
+            "buffered_bytes": _count(sizes.get(topic, 0)) if buffered else 0,
+            "oldest_age_seconds": _num(ages[topic]) if buffered and topic in ages else None,
+            "discarded": _count(view.total("messages_discarded", topic=topic)),
+            "discarded_by_reason": _counts(view.by("messages_discarded", "reason", topic=topic)),
+            "delivery_failures": _count(view.total("delivery_failures", topic=topic)),
+            "last_error": _last_error(view, topic),
+            "clusters_used": used,
+        })
+    return {"time": ctx.now, "topics": rows}
+
+
+def clusters(view: View, ctx: Context) -> dict[str, Any]:
+    """Bruce's metadata, as far as Ferry keeps it: each Kafka cluster's state and latency."""
+    names = set(ctx.clusters)
+    for metric in ("cluster_up", "cluster_brokers_up", "messages_in_flight",
+                   "messages_delivered", "delivery_failures"):
+        names.update(view.by(metric, "cluster"))
+    for key in view.hists.get("produce_latency_seconds", {}):
+        names.update(v for k, v in key if k == "cluster")
+    names.discard("")
+    metadata = view.info.get("cluster_metadata")
+    rows = []
+    for name in sorted(names, key=lambda n: (n != "local", n)):
+        up = _gauge(view, "cluster_up", cluster=name)
+        brokers = _gauge(view, "cluster_brokers_up", cluster=name)
+        in_flight = _gauge(view, "messages_in_flight", cluster=name)
+        rows.append({
+            "name": name,
+            "configured": name in ctx.clusters,
+            "bootstrap_servers": ctx.clusters.get(name),
+            "up": None if up is None else up >= 1,
+            "brokers_up": None if brokers is None else _count(brokers),
+            "in_flight": None if in_flight is None else _count(in_flight),
+            "delivered": _count(view.total("messages_delivered", cluster=name)),
+            "delivery_failures": _count(view.total("delivery_failures", cluster=name)),
+            "failures_by_error": _counts(view.by("delivery_failures", "error", cluster=name)),
+            "latency": _latency(view.histogram("produce_latency_seconds", cluster=name)),
+            "metadata": (jsonable(metadata.get(name)) if isinstance(metadata, Mapping)
+                         else None),
+        })
+    return {"time": ctx.now, "clusters": rows}
+
+
+def spool(view: View, ctx: Context) -> dict[str, Any]:
+    """Spool intake: files waiting, done and quarantined."""
+    pending = _gauge(view, "spool_files_pending")
+    return {
+        "time": ctx.now,
+        "files_pending": None if pending is None else _count(pending),
+        "files_ingested": _count(view.total("spool_files_ingested")),
+        "files_quarantined": _count(view.total("spool_files_quarantined")),
+        "quarantined_by_reason": _counts(view.by("spool_files_quarantined", "reason")),
+        "messages_accepted": _count(view.total("messages_accepted", source="spool")),
+    }
+
+
+def discards(view: View, ctx: Context) -> dict[str, Any]:
+    """Bruce's discard report: counts by reason with the last few examples of each."""
+    counted = {
+        "discarded": view.by("messages_discarded", "reason"),
+        "rejected": view.by("messages_rejected", "reason"),
+        "error": view.by("delivery_failures", "error"),
+    }
+    groups: list[dict[str, Any]] = []
+    for kind in SAMPLE_KINDS:
+        reasons = set(counted[kind]) | {r for (k, r) in view.samples if k == kind}
+        for reason in sorted(reasons):
+            items = sorted(view.samples.get((kind, reason), []),
+                           key=lambda e: e.get("time", 0), reverse=True)
+            samples = [jsonable(dict(e)) for e in items]
+            groups.append({
+                "kind": kind,
+                "reason": reason,
+                "count": _count(counted[kind].get(reason, 0)),
+                "last_time": samples[0].get("time") if samples else None,
+                "samples": samples,
+            })
+    groups.sort(key=lambda g: (SAMPLE_KINDS.index(g["kind"]), -g["count"], g["reason"]))
+    return {
+        "time": ctx.now,
+        "discarded": _count(view.total("messages_discarded")),
+        "rejected": _count(view.total("messages_rejected")),
+        "delivery_failures": _count(view.total("delivery_failures")),
+        "rejected_by_source": _counts(view.by("messages_rejected", "source")),
+        "groups": groups,
+    }
+
+
+def point(view: View, now: float) -> dict[str, Any]:
+    """One history sample: the cumulative counters and depths the charts are drawn from."""
+    t = totals(view)
+    return {
+        "time": now,
+        "accepted_by_source": t["accepted_by_source"],
+        "delivered": t["delivered"],
+        "discarded": t["discarded"],
+        "rejected": t["rejected"],
+        "buffer_messages": _count(view.total("buffer_messages")),
+        "buffer_bytes": _count(view.total("buffer_bytes")),
+        "files_quarantined": _count(view.total("spool_files_quarantined")),
+        "process_restarts": t["process_restarts"],
+    }
+
+
+def everything(
+    view: View,
+    ctx: Context,
+    history: Sequence[Mapping[str, Any]] = (),
+    thresholds: Thresholds = DEFAULT_THRESHOLDS,
+    *,
+    include_history: bool = False,
+) -> dict[str, Any]:
+    """``/status/all``: every document the page shows, from one View, plus health."""
+    doc: dict[str, Any] = {
+        "time": ctx.now,
+        "info": info(view, ctx),
+        "totals": totals(view),
+        "queues": queues(view, ctx),
+        "topics": topics(view, ctx)["topics"],
+        "clusters": clusters(view, ctx)["clusters"],
+        "spool": spool(view, ctx),
+        "discards": discards(view, ctx),
+        "history": [dict(p) for p in history],
+    }
+    doc["health"] = health(doc, thresholds)
+    if not include_history:
+        del doc["history"]
+    return doc
+
+
+# -- health ----------------------------------------------------------------------------------
+
+
+def _problem(level: str, check: str, message: str) -> dict[str, str]:
+    return {"level": level, "check": check, "message": message}
+
+
+def _seconds(value: float) -> str:
+    if value < 120:
+        return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
+    if value < 7200:
+        return f"{value / 60:.1f} min"
+    return f"{value / 3600:.1f} h"
+
+
+def _recent(history: Iterable[Mapping[str, Any]], now: float, window: float,
+            name: str, current: int) -> tuple[int, float]:
+    """How much a cumulative count grew within the last ``window`` seconds, and over how long.
+
+    (0, 0) when the history does not reach into the window or lacks the count.
+    """
+    for p in history:
+        t, base = p.get("time"), p.get(name)
+        if isinstance(t, int | float) and t >= now - window and isinstance(base, int | float):
+            return max(0, int(current - base)), now - t  # a restart resets: never negative
+    return 0, 0.0
+
+
+def health(doc: Mapping[str, Any], thresholds: Thresholds = DEFAULT_THRESHOLDS) -> dict[str, Any]:
+    """Nagios-style verdict on an ``/status/all`` document: ok, warning or critical, and why.
+
+    Works on the document rather than the View so that ``ferry status`` can judge what it
+    fetched with its own thresholds. Recent discards, quarantines and restarts are judged
+    only when the document carries ``history``.
+    """
+    th = thresholds
+    problems: list[dict[str, str]] = []
+    inf = doc.get("info", {})
+    if inf.get("phase") != "running":
+        problems.append(_problem("warning", "phase", f"agent is {inf.get('phase', 'unknown')}"))
+    buf = doc.get("queues", {}).get("buffer", {})
+    if buf.get("full"):
+        problems.append(_problem("critical", "buffer_full",
+                                 "buffer full: new messages are refused"))
+    used = buf.get("used_fraction")
+    if isinstance(used, int | float):
+        if used >= th.used_critical_fraction:
+            problems.append(_problem("critical", "buffer_used", f"buffer {used:.0%} used"))
+        elif used >= th.used_warning_fraction:
+            problems.append(_problem("warning", "buffer_used", f"buffer {used:.0%} used"))
+    age = buf.get("oldest_age_seconds")
+    if isinstance(age, int | float):
+        if age >= th.oldest_critical_seconds:
+            problems.append(_problem("critical", "oldest_message",
+                                     f"oldest buffered message is {_seconds(age)} old"))
+        elif age >= th.oldest_warning_seconds:
+            problems.append(_problem("warning", "oldest_message",
+                                     f"oldest buffered message is {_seconds(age)} old"))
+    configured = [c for c in doc.get("clusters", []) if c.get("configured")]
+    down = [c["name"] for c in configured if c.get("up") is False]
+    if down:
+        every = len(down) == len(configured)
+        if len(down) == 1:
+            text = f"cluster {down[0]} is down"
+        else:
+            text = f"clusters {', '.join(down)} are down"
+        problems.append(_problem("critical" if every else "warning", "cluster", text))
+    history = doc.get("history") or []
+    now = doc.get("time")
+    if history and isinstance(now, int | float):
+        tot = doc.get("totals", {})
+        for name, current, one, many in (
+            ("discarded", tot.get("discarded", 0), "message discarded", "messages discarded"),
+            ("files_quarantined", doc.get("spool", {}).get("files_quarantined", 0),
+             "spool file quarantined", "spool files quarantined"),
+            ("process_restarts", tot.get("process_restarts", 0), "process restart",
+             "process restarts"),
+        ):
+            grew, span = _recent(history, now, th.recent_seconds, name, int(current or 0))
+            if grew:
+                what = one if grew == 1 else many
+                problems.append(_problem("warning", name,
+                                         f"{grew} {what} in the last {_seconds(span)}"))
+    worst = max((LEVELS.index(p["level"]) for p in problems), default=0)
+    problems.sort(key=lambda p: -LEVELS.index(p["level"]))
+    return {"status": LEVELS[worst], "code": worst, "problems": problems,
+            "thresholds": th.to_json()}
