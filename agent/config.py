@@ -213,7 +213,7 @@ def load_config(path: Path | None = None, **overrides: Any) -> FerryConfig:
 
 
 def _describe(exc: ValidationError, path: Path | None) -> str:
-    where = f" in {path}" if path else ""
+    where = f" ({path} and FERRY_* variables)" if path else " (FERRY_* variables)"
     lines = [f"invalid configuration{where}:"]
     for err in exc.errors():
         field = ".".join(str(part) for part in err["loc"]) or "(top level)"

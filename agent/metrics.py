@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -155,6 +156,8 @@ class Registry:
         self._children: dict[str, dict[str, Any]] = {}
         self._bases: dict[str, dict[str, dict[LabelKey, float]]] = {}
         self.started = time.time()
+        # Tells a restarted child's snapshots from its predecessor's.
+        self.incarnation = uuid.uuid4().hex
 
     # -- recording -------------------------------------------------------------------------
     def inc(self, name: str, amount: float = 1, **labels: str) -> None:
@@ -208,6 +211,7 @@ class Registry:
                           for n, s in self._hists.items()},
                 "samples": [[kind, reason, list(q)] for (kind, reason), q in self._samples.items()],
                 "info": dict(self._info),
+                "incarnation": self.incarnation,
             }
 
     def merge(self, child: str, snap: dict[str, Any]) -> None:
@@ -215,18 +219,22 @@ class Registry:
         with self._lock:
             previous = self._children.get(child)
             if previous is not None:
-                self._carry_restart(child, previous, snap)
+                restarted = previous.get("incarnation") != snap.get("incarnation")
+                self._carry_restart(child, previous, snap, restarted)
             self._children[child] = snap
 
-    def _carry_restart(self, child: str, old: dict[str, Any], new: dict[str, Any]) -> None:
-        # A counter that went down means the child restarted: keep its old total as a base.
+    def _carry_restart(
+        self, child: str, old: dict[str, Any], new: dict[str, Any], restarted: bool
+    ) -> None:
+        # A new incarnation (or, for snapshots without one, a counter that went down) means
+        # the child restarted: keep its old totals as a base.
         new_vals = {n: {_tuplify(k): v for k, v in s} for n, s in new["values"].items()}
         for name, series in old["values"].items():
             if DEFINITIONS.get(name, MetricDef(name, "gauge", "")).kind != "counter":
                 continue
             for k, v in series:
                 key = _tuplify(k)
-                if new_vals.get(name, {}).get(key, 0) < v:
+                if restarted or new_vals.get(name, {}).get(key, 0) < v:
                     base = self._bases.setdefault(child, {}).setdefault(name, {})
                     base[key] = base.get(key, 0) + v
 

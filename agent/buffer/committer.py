@@ -15,7 +15,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from agent.buffer.store import BufferFull, BufferUnavailable, StateChange, Store
+from agent.buffer.store import (
+    BufferFull,
+    BufferUnavailable,
+    InvalidGroup,
+    StateChange,
+    Store,
+)
 from agent.metrics import REGISTRY, Registry
 from agent.records import Record
 
@@ -180,7 +186,8 @@ class Committer:
         try:
             appended = self.store.append([s.records for s in taken], states=states)
             results = list(appended)
-            self._full = any(isinstance(r, BufferFull) for r in results)
+            self._full = any(isinstance(r, BufferFull) and not isinstance(r, InvalidGroup)
+                             for r in results)
         except (BufferFull, BufferUnavailable) as exc:
             # The transaction was aborted: nothing of it is on disk.
             results = [exc] * len(taken)
@@ -211,7 +218,12 @@ class Committer:
                     k = (sub.source, r.topic)
                     accepted[k] = accepted.get(k, 0) + 1
             else:
-                reason = "buffer_full" if isinstance(result, BufferFull) else result.reason
+                if isinstance(result, InvalidGroup):
+                    reason = "invalid"
+                elif isinstance(result, BufferFull):
+                    reason = "buffer_full"
+                else:
+                    reason = result.reason
                 reg.inc("messages_rejected", len(sub.records), source=sub.source, reason=reason)
         for (source, topic), n in accepted.items():
             reg.inc("messages_accepted", n, source=source, topic=topic)

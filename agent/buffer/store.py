@@ -53,6 +53,13 @@ class BufferFull(Exception):
     """Accepting this would take the buffer past ``buffer.max_bytes``."""
 
 
+class InvalidGroup(BufferFull):
+    """A record of the group cannot be encoded (a source let an out-of-range field through).
+
+    A subclass of BufferFull only so callers that handle refusals keep working; the reason
+    counted is ``invalid``."""
+
+
 class BufferUnavailable(Exception):
     """The disk refused the write (ENOSPC, EIO, ...); nothing of the transaction was kept."""
 
@@ -315,20 +322,24 @@ class Store:
                 ids: list[bytes] = []
                 encoded: list[tuple[bytes, bytes]] = []
                 need = 0
-                for r in group:
-                    t = per_topic.get(r.topic)
-                    if t is None:
-                        t = per_topic[r.topic] = [keys.topic_prefix(r.topic),
-                                                  self._generation(txn, r.topic), 0, 0]
-                    if seq > 0xFFFFFFFF:
-                        ts, seq = ts + 1, 0
-                    mid = pack_id(ts, seq)
-                    seq += 1
-                    k = t[0] + mid
-                    value = encode(r, t[1])
-                    encoded.append((k, value))
-                    ids.append(mid)
-                    need += len(k) + len(value) + RECORD_OVERHEAD
+                try:
+                    for r in group:
+                        t = per_topic.get(r.topic)
+                        if t is None:
+                            t = per_topic[r.topic] = [keys.topic_prefix(r.topic),
+                                                      self._generation(txn, r.topic), 0, 0]
+                        if seq > 0xFFFFFFFF:
+                            ts, seq = ts + 1, 0
+                        mid = pack_id(ts, seq)
+                        seq += 1
+                        k = t[0] + mid
+                        value = encode(r, t[1])
+                        encoded.append((k, value))
+                        ids.append(mid)
+                        need += len(k) + len(value) + RECORD_OVERHEAD
+                except (struct.error, UnicodeEncodeError, OverflowError) as exc:
+                    results.append(InvalidGroup(f"a record cannot be stored: {exc}"))
+                    continue
                 if need > room:
                     # The ids allocated for this group are simply never used.
                     results.append(BufferFull(

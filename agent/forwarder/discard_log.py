@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.config import is_valid_topic
 from agent.records import Record
 
 
@@ -105,6 +106,15 @@ def read_discards(path: Path) -> Iterator[tuple[int, Record]]:
                     raise ReplayError(f"line {lineno}: no decodable message (reason "
                                       f"{doc.get('reason')!r}); it cannot be replayed")
                 key = doc.get("key")
+                topic = doc["topic"]
+                pk = doc.get("partition_key")
+                ts = doc.get("timestamp_ms")
+                if not isinstance(topic, str) or not is_valid_topic(topic):
+                    raise ValueError(f"{topic!r} is not a legal topic name")
+                if pk is not None and (type(pk) is not int or not -(2**31) <= pk < 2**31):
+                    raise ValueError(f"partition_key {pk!r} is not a 32-bit integer")
+                if ts is not None and (type(ts) is not int or not -(2**63) <= ts < 2**63):
+                    raise ValueError(f"timestamp_ms {ts!r} is not a 64-bit integer")
                 yield lineno, Record(
                     topic=str(doc["topic"]),
                     value=base64.b64decode(doc["value"], validate=True),

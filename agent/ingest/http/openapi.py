@@ -87,8 +87,9 @@ _SETTINGS_PROPERTIES: dict[str, Any] = {
     "max_attempts": {"type": "integer", "minimum": 0},
     "content_type": {"type": "string", "enum": ["binary", "json", "avro"]},
     "schema": {"nullable": True, "description": "Avro schema (avro topics) or JSON Schema "
-               "(json topics), as JSON text or an object",
-               "oneOf": [{"type": "string"}, {"type": "object"}]},
+               "(json topics), as JSON text or as JSON (an Avro union is an array); "
+               "binary topics ignore it",
+               "oneOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}]},
     "rate_limit": {"type": "number", "minimum": 0,
                    "description": "messages/s over HTTP; 0 = unlimited"},
     "ack_timeout_ms": {"type": "integer", "minimum": 0, "maximum": MAX_ACK_TIMEOUT_MS},
@@ -195,8 +196,10 @@ def _document() -> dict[str, Any]:
                     "summary": "Publish many messages in one transaction, all or nothing",
                     "parameters": _PUBLISH_HEADERS,
                     "requestBody": {"required": True, "content": {
-                        "application/x-ndjson": {"schema": {"type": "string"}},
-                        "application/json": {"schema": {"type": "array", "items": {}}},
+                        "application/x-ndjson": {"schema": {"type": "string",
+                                                            "pattern": "\\S"}},
+                        "application/json": {"schema": {"type": "array", "items": {},
+                                                        "minItems": 1}},
                     }},
                     "responses": {
                         "201": _batch_published("Stored durably and acknowledged by Kafka"),

@@ -44,7 +44,7 @@ class RateLimiter:
             bucket.tokens = min(capacity, bucket.tokens + (now - bucket.stamp) * rate)
             bucket.stamp = now
         need = min(float(n), capacity)
-        if bucket.tokens >= need:
+        if bucket.tokens + 1e-9 >= need:  # a client back exactly when told is not refused
             bucket.tokens -= n
             return 0.0
         return (need - bucket.tokens) / rate

@@ -1,0 +1,345 @@
+"""Configuration: defaults, a full TOML file, FERRY_* overrides, clear errors naming the field."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent import config as config_module
+from agent.config import ConfigError, FerryConfig, is_valid_topic, load_config
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+FULL_EXAMPLE = """
+log_level = "debug"
+
+[buffer]
+path = "/srv/ferry/buffer"
+max_bytes = 2147483648
+commit_interval_ms = 0.5
+commit_max_messages = 5000
+discard_log = "/srv/ferry/discards.jsonl"
+
+[socket]
+path = "/srv/ferry/ferry.sock"
+mode = "0620"
+receive_buffer_bytes = 1048576
+
+[http]
+listen = "[::1]:8080"
+management_token = "s3cret"
+auto_create_topics = false
+idempotency_window_seconds = 60
+header_allowlist = ["Trace-Id", "Tenant"]
+body_timeout_seconds = 2.5
+
+[spool]
+dirs = ["/srv/spool/a", "/srv/spool/b"]
+after_ingest = "move"
+scan_interval_seconds = 0.25
+
+[kafka.local]
+bootstrap_servers = "127.0.0.1:9092,127.0.0.1:9093"
+outage_after_seconds = 3.0
+
+[kafka.local.properties]
+"security.protocol" = "SSL"
+"socket.timeout.ms" = 5000
+"enable.ssl.certificate.verification" = false
+
+[kafka.remote]
+bootstrap_servers = "10.0.0.1:9092"
+
+[forwarder]
+compression = "zstd"
+linger_ms = 1.0
+retry_backoff_ms = 50
+retry_backoff_max_ms = 2000
+max_in_flight_messages = 1000
+
+[status]
+track_messages = false
+track_seconds = 120
+
+[topics.default]
+ttl_seconds = 3600
+
+[topics."orders.v1"]
+acks = "all"
+ttl_seconds = 86400
+max_message_bytes = 2000000
+max_attempts = 10
+content_type = "json"
+schema = '{"type": "object"}'
+rate_limit = 100.5
+ack_timeout_ms = 10
+fallback_to_remote = true
+speculative_send_delay_ms = 0
+"""
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """No FERRY_* variable of the developer's shell, and no /etc/ferry/ferry.toml, leaks in."""
+    for name in list(os.environ):
+        if name.startswith("FERRY_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setattr(config_module, "DEFAULT_CONFIG_PATH", tmp_path / "absent" / "ferry.toml")
+    yield
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "ferry.toml"
+    path.write_text(text)
+    return path
+
+
+def config_error(tmp_path: Path, text: str) -> str:
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text))
+    return str(err.value)
+
+
+# -- defaults ----------------------------------------------------------------------------------
+def test_defaults_without_a_file() -> None:
+    cfg = load_config()
+    assert cfg.buffer.path == Path("/var/lib/ferry/buffer")
+    assert cfg.buffer.max_bytes == 10 * 1024**3
+    assert cfg.discard_log_path == Path("/var/lib/ferry/buffer/discards.jsonl")
+    assert cfg.socket.path == Path("/run/ferry/ferry.sock")
+    assert cfg.socket.mode == "0660"
+    assert cfg.http.listen == "127.0.0.1:9090"
+    assert (cfg.http.host, cfg.http.port) == ("127.0.0.1", 9090)
+    assert cfg.spool.dirs == [Path("/var/lib/ferry/spool")]
+    assert cfg.kafka.local.bootstrap_servers == "localhost:9092"
+    assert cfg.kafka.remote is None
+    assert cfg.forwarder.compression == "lz4"
+    assert cfg.status.track_messages is True
+    assert list(cfg.topics) == ["default"]
+    assert cfg.topic("anything").acks == "leader"
+    assert cfg.log_level == "info"
+
+
+def test_an_empty_file_gives_the_defaults(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, "")) == load_config()
+
+
+def test_the_packaged_example_file_loads_and_holds_the_defaults() -> None:
+    # packaging/ferry.toml says "the values below are the defaults".
+    assert load_config(REPO_ROOT / "packaging" / "ferry.toml") == load_config()
+
+
+def test_the_default_path_is_read_when_present(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(config_module, "DEFAULT_CONFIG_PATH",
+                        write(tmp_path, '[http]\nlisten = "127.0.0.1:1"\n'))
+    assert load_config().http.port == 1
+
+
+# -- a full file -------------------------------------------------------------------------------
+def test_every_section_of_a_full_file_is_read(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, FULL_EXAMPLE))
+    assert cfg.log_level == "debug"
+    assert cfg.buffer.path == Path("/srv/ferry/buffer")
+    assert cfg.buffer.max_bytes == 2 * 1024**3
+    assert cfg.buffer.commit_interval_ms == 0.5
+    assert cfg.buffer.commit_max_messages == 5000
+    assert cfg.discard_log_path == Path("/srv/ferry/discards.jsonl")
+    assert cfg.socket.path == Path("/srv/ferry/ferry.sock")
+    assert cfg.socket.mode == "0620"
+    assert cfg.socket.receive_buffer_bytes == 1048576
+    assert (cfg.http.host, cfg.http.port) == ("::1", 8080)
+    assert cfg.http.management_token == "s3cret"
+    assert cfg.http.auto_create_topics is False
+    assert cfg.http.idempotency_window_seconds == 60
+    assert cfg.http.header_allowlist == ["Trace-Id", "Tenant"]
+    assert cfg.http.body_timeout_seconds == 2.5
+    assert cfg.spool.dirs == [Path("/srv/spool/a"), Path("/srv/spool/b")]
+    assert cfg.spool.after_ingest == "move"
+    assert cfg.spool.scan_interval_seconds == 0.25
+    assert cfg.kafka.local.bootstrap_servers == "127.0.0.1:9092,127.0.0.1:9093"
+    assert cfg.kafka.local.outage_after_seconds == 3.0
+    assert cfg.kafka.local.properties == {
+        "security.protocol": "SSL",
+        "socket.timeout.ms": 5000,
+        "enable.ssl.certificate.verification": False,
+    }
+    assert cfg.kafka.remote is not None
+    assert cfg.kafka.remote.bootstrap_servers == "10.0.0.1:9092"
+    assert cfg.kafka.remote.outage_after_seconds == 10.0  # default inside a given section
+    assert cfg.forwarder.compression == "zstd"
+    assert cfg.forwarder.linger_ms == 1.0
+    assert cfg.forwarder.retry_backoff_ms == 50
+    assert cfg.forwarder.retry_backoff_max_ms == 2000
+    assert cfg.forwarder.max_in_flight_messages == 1000
+    assert cfg.status.track_messages is False
+    assert cfg.status.track_seconds == 120
+    orders = cfg.topic("orders.v1")
+    assert orders.acks == "all"
+    assert orders.ttl_seconds == 86400
+    assert orders.max_message_bytes == 2_000_000
+    assert orders.max_attempts == 10
+    assert orders.content_type == "json"
+    assert orders.schema_ == '{"type": "object"}'
+    assert orders.rate_limit == 100.5
+    assert orders.ack_timeout_ms == 10
+    assert orders.fallback_to_remote is True
+    assert orders.speculative_send_delay_ms == 0
+    # Other topics get [topics.default], which kept its own defaults beside the one it set.
+    assert cfg.topic("other").ttl_seconds == 3600
+    assert cfg.topic("other").acks == "leader"
+
+
+def test_a_file_without_a_default_topic_still_has_one(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, '[topics.clicks]\nacks = "all"\n'))
+    assert set(cfg.topics) == {"clicks", "default"}
+    assert cfg.topic("unknown") == cfg.topics["default"]
+
+
+def test_an_empty_socket_path_disables_the_socket(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, '[socket]\npath = ""\n')).socket.path is None
+
+
+# -- precedence --------------------------------------------------------------------------------
+def test_environment_beats_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, '[buffer]\nmax_bytes = 2000000\npath = "/from/file"\n')
+    monkeypatch.setenv("FERRY_BUFFER__MAX_BYTES", "3000000")
+    cfg = load_config(path)
+    assert cfg.buffer.max_bytes == 3_000_000
+    assert cfg.buffer.path == Path("/from/file")  # the rest of the section still comes from file
+
+
+def test_environment_reaches_deeply_nested_fields(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FERRY_KAFKA__LOCAL__BOOTSTRAP_SERVERS", "127.0.0.1:19092")
+    monkeypatch.setenv("FERRY_LOG_LEVEL", "warning")
+    cfg = load_config(write(tmp_path, FULL_EXAMPLE))
+    assert cfg.kafka.local.bootstrap_servers == "127.0.0.1:19092"
+    assert cfg.kafka.local.properties["security.protocol"] == "SSL"  # kept from the file
+    assert cfg.log_level == "warning"
+
+
+def test_keyword_overrides_beat_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FERRY_BUFFER__MAX_BYTES", "3000000")
+    cfg = load_config(write(tmp_path, FULL_EXAMPLE), buffer={"max_bytes": 4_000_000})
+    assert cfg.buffer.max_bytes == 4_000_000
+
+
+def test_an_invalid_environment_value_names_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FERRY_BUFFER__MAX_BYTES", "lots")
+    with pytest.raises(ConfigError, match=r"buffer\.max_bytes"):
+        load_config()
+
+
+def test_a_load_does_not_leak_its_file_into_later_configs(tmp_path: Path) -> None:
+    # The file being read is a context variable, reset when load_config returns.
+    a = tmp_path / "a.toml"
+    a.write_text("[http]\nlisten = \"127.0.0.1:1\"\n")
+    assert load_config(a).http.port == 1
+    assert FerryConfig().http.port == 9090  # no file: defaults, not a.toml
+
+
+# -- errors ------------------------------------------------------------------------------------
+def test_negative_max_bytes_names_the_field(tmp_path: Path) -> None:
+    message = config_error(tmp_path, "[buffer]\nmax_bytes = -1\n")
+    assert "buffer.max_bytes" in message
+    assert "greater than or equal" in message
+    assert str(tmp_path / "ferry.toml") in message
+
+
+@pytest.mark.parametrize("mode", ["999", "0999", "rw-rw----", "66", "000660"])
+def test_a_bad_socket_mode_names_the_field(tmp_path: Path, mode: str) -> None:
+    message = config_error(tmp_path, f'[socket]\nmode = "{mode}"\n')
+    assert "socket.mode" in message
+    assert "octal" in message
+
+
+@pytest.mark.parametrize("mode", ["0660", "660", "0600", "1777", "01777"])
+def test_good_socket_modes_are_accepted(tmp_path: Path, mode: str) -> None:
+    assert load_config(write(tmp_path, f'[socket]\nmode = "{mode}"\n')).socket.mode == mode
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1", "127.0.0.1:", ":9090", "host:port", "h:70000"])
+def test_listen_without_a_port_names_the_field(tmp_path: Path, listen: str) -> None:
+    message = config_error(tmp_path, f'[http]\nlisten = "{listen}"\n')
+    assert "http.listen" in message
+    assert "HOST:PORT" in message
+
+
+def test_an_empty_listen_disables_http(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, '[http]\nlisten = ""\n')).http.listen == ""
+
+
+@pytest.mark.parametrize("name", ["bad topic", "ab\\n", "..", "x" * 250, "ü"])
+def test_an_illegal_topic_name_names_the_field_and_the_topic(tmp_path: Path, name: str) -> None:
+    message = config_error(tmp_path, f'[topics."{name}"]\nacks = "all"\n')
+    assert "topics" in message
+    assert "not a legal Kafka topic name" in message
+
+
+def test_topic_name_rule_is_kafkas() -> None:
+    assert is_valid_topic("a.b_c-D9")
+    assert is_valid_topic("x" * 249)
+    assert is_valid_topic("...")
+    for bad in ("", ".", "..", "x" * 250, "a b", "a/b", "ab\n", "a\x00b"):
+        assert not is_valid_topic(bad), bad
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("[buffer]\nmax_byte = 5\n", "buffer.max_byte"),
+        ("bogus = 1\n", "bogus"),
+        ("[kafka.local]\nbootstrap = \"x\"\n", "kafka.local.bootstrap"),
+        ("[topics.t]\nackz = \"all\"\n", "topics.t.ackz"),
+        ("[nosuchsection]\n", "nosuchsection"),
+    ],
+)
+def test_an_unknown_field_is_named(tmp_path: Path, text: str, field: str) -> None:
+    message = config_error(tmp_path, text)
+    assert f"{field}:" in message
+    assert "Extra inputs are not permitted" in message
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ('[topics.t]\nacks = "some"\n', "topics.t.acks"),
+        ('[forwarder]\ncompression = "brotli"\n', "forwarder.compression"),
+        ('[spool]\nafter_ingest = "keep"\n', "spool.after_ingest"),
+        ("[buffer]\ncommit_interval_ms = 5000\n", "buffer.commit_interval_ms"),
+        ('log_level = "loud"\n', "log_level"),
+    ],
+)
+def test_out_of_range_values_are_named(tmp_path: Path, text: str, field: str) -> None:
+    assert f"{field}:" in config_error(tmp_path, text)
+
+
+def test_every_error_is_listed_not_only_the_first(tmp_path: Path) -> None:
+    message = config_error(tmp_path, '[buffer]\nmax_bytes = -1\n[socket]\nmode = "9"\n')
+    assert "buffer.max_bytes" in message and "socket.mode" in message
+
+
+def test_a_toml_syntax_error_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
+    message = config_error(tmp_path, "[buffer\nmax_bytes = 5\n")
+    assert str(tmp_path / "ferry.toml") in message
+    assert "line 1" in message
+
+
+def test_a_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError, match="does not exist") as err:
+        load_config(missing)
+    assert str(missing) in str(err.value)
+
+
+def test_a_directory_is_not_a_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        load_config(tmp_path)
