@@ -78,6 +78,9 @@ DEFINITIONS: dict[str, MetricDef] = {
         MetricDef("spool_files_ingested", "counter", "Spool files fully ingested."),
         MetricDef("spool_files_quarantined", "counter", "Spool files moved to quarantine/.",
                   ("reason",)),
+        MetricDef("spool_files_duplicate", "counter",
+                  "Spool files removed as duplicates of files already ingested (same name, "
+                  "size and record count: a retried Spark task)."),
         MetricDef("spool_files_pending", "gauge", "Spool files waiting to be ingested."),
         MetricDef("http_requests", "counter", "HTTP requests answered.", ("route", "status")),
         MetricDef("process_restarts", "counter", "Child processes restarted.", ("process",)),

@@ -241,5 +241,9 @@ class Cluster:
         deadline = time.monotonic() + timeout
         for p in self._producers.values():
             p.flush(max(deadline - time.monotonic(), 0))
+            # What is still unacknowledged stays in the buffer and is sent again next time;
+            # purge it so librdkafka does not hold the process up trying to deliver it.
+            p.purge(in_queue=True, in_flight=True)
+            p.flush(0)
         if self._thread.is_alive():
             self._thread.join(max(deadline - time.monotonic(), 0.1))

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from agent.buffer import keys
 from agent.buffer.store import Corrupt, Outcome, Store, StoredMessage
@@ -202,6 +202,12 @@ class Forwarder:
                     self._discard(Flight(m, settings), "generation",
                                   "the topic was deleted after this message was accepted")
                     continue
+                if m.record.size > settings.max_message_bytes:
+                    # Sources that cannot refuse at once (spool files) let these through.
+                    self._discard(Flight(m, settings), "too_large",
+                                  f"{m.record.size} bytes > max_message_bytes="
+                                  f"{settings.max_message_bytes}")
+                    continue
                 if now_ms - m.accepted_ms > ttl_ms:
                     self._discard(Flight(m, settings), "ttl",
                                   f"older than ttl_seconds={settings.ttl_seconds}")
@@ -237,13 +243,14 @@ class Forwarder:
             partition = layout.round_robin()
         try:
             producer.produce(r.topic, r.value, r.key, partition=partition,
-                             timestamp=r.timestamp_ms, headers=r.headers or None,
+                             timestamp=r.timestamp_ms,
+                             headers=list(r.headers) if r.headers else None,
                              on_delivery=partial(self._on_delivery, f, LOCAL, time.monotonic()))
         except BufferError:
             self._schedule_retry(f, 0.05, count=False)
             return
-        except Exception as exc:  # noqa: BLE001 - e.g. a value over librdkafka's max size
-            self._failed(f, LOCAL, str(exc), permanent=True)
+        except KafkaException as exc:
+            self._refused_at_once(f, LOCAL, exc)
             return
         f.sent_local_at = time.monotonic()
         f.pending += 1
@@ -315,8 +322,8 @@ class Forwarder:
         except BufferError:
             self._schedule_retry(f, 0.05, count=False)
             return False
-        except Exception as exc:  # noqa: BLE001 - e.g. a value over librdkafka's max size
-            self._failed(f, cluster_name, str(exc), permanent=True)
+        except KafkaException as exc:
+            self._refused_at_once(f, cluster_name, exc)
             return False
         if cluster_name == LOCAL:
             f.sent_local_at = time.monotonic()
@@ -324,6 +331,16 @@ class Forwarder:
             f.sent_remote = True
         f.pending += 1
         return True
+
+    def _refused_at_once(self, f: Flight, cluster: str, exc: KafkaException) -> None:
+        """produce() refused the message itself (e.g. larger than the producer allows).
+
+        Only Kafka's own verdicts can discard a message; anything else raised here would be
+        a bug in Ferry, which must cost a retry, never a message."""
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        code = err.code() if err is not None else None
+        self._failed(f, cluster, str(exc), permanent=code in PERMANENT,
+                     code=err.name() if err is not None else "error")
 
     def _on_delivery(
         self, f: Flight, cluster: str, t0: float, err: KafkaError | None, msg: Message

@@ -1,0 +1,322 @@
+"""Spool directory intake: files dropped by people, scripts and Spark jobs, into the buffer.
+
+A file is ingested in batches; each batch commits together with the file's progress (its
+identity and the index of the next record) in one LMDB transaction, so a crash at any point
+neither loses nor duplicates a record: after a restart the file resumes at the recorded index.
+Once the last batch is in, the progress says "done" and the file is deleted (or moved to
+``done/``); a "done" file seen again after a crash is only cleaned up, never re-ingested.
+
+Files that break the format go to ``quarantine/`` with a ``.reason`` file beside them, before
+any of their records is ingested (``verify`` checks a whole file first). The watchdog observer
+wakes the intake thread on new files; a periodic scan catches what inotify misses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+
+from agent.buffer.committer import ShuttingDown
+from agent.buffer.store import BufferFull, BufferUnavailable
+from agent.records import Record, Source
+from agent.runtime import Runtime
+from spool.format import EXTENSION, SpoolFormatError, SpoolRecord
+from spool.reader import list_ready_files, list_stale_temp_files, open_spool_file
+
+log = logging.getLogger(__name__)
+
+BATCH = 20000
+PROGRESS = b"spool:"  # state key prefix: spool:<dir index>:<relative path>
+SEEN = b"spool-seen:"  # binary files fully ingested, by name, for de-duplication
+SEEN_SECONDS = 7 * 24 * 3600
+# A hand-made file modified more recently than this may still be being written.
+SETTLE_SECONDS = 1.0
+# A binary file that fails verification this soon after its last change is retried later
+# (a writer may still be writing it in place) rather than quarantined.
+CORRUPT_GRACE_SECONDS = 10.0
+STALE_TEMP_SECONDS = 24 * 3600
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What tells one file from another file later written under the same name."""
+
+    inode: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, path: Path) -> Identity:
+        st = path.stat()
+        return cls(st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class _Wake(FileSystemEventHandler):
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        if event.event_type in ("created", "moved", "closed", "modified"):
+            self.event.set()
+
+
+class SpoolIntake:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.config = runtime.config.spool
+        self.committer = runtime.committer
+        self.store = runtime.store
+        self.registry = runtime.registry
+        self.dirs = [Path(d) for d in self.config.dirs]
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._observer: Any = None
+        self._thread = threading.Thread(target=self._run, name="spool-intake", daemon=True)
+
+    def start(self) -> None:
+        for d in self.dirs:
+            d.mkdir(parents=True, exist_ok=True)
+        observer = Observer()
+        handler = _Wake(self._wake)
+        for d in self.dirs:
+            observer.schedule(handler, str(d), recursive=True)
+        observer.daemon = True
+        observer.start()
+        self._observer = observer
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._observer is not None:
+            self._observer.stop()
+        if self._thread.is_alive():
+            self._thread.join(30.0)
+        if self._observer is not None:
+            self._observer.join(5.0)
+
+    def wake(self) -> None:
+        """Scan now (tests and the CLI use it; the observer does it on file events)."""
+        self._wake.set()
+
+    # -- the loop --------------------------------------------------------------------------
+    def _run(self) -> None:
+        next_cleanup = 0.0
+        while not self._stop.is_set():
+            try:
+                self.scan_once()
+                if time.monotonic() >= next_cleanup:
+                    self._cleanup()
+                    next_cleanup = time.monotonic() + 600
+            except ShuttingDown:
+                return
+            except Exception:  # noqa: BLE001 - the intake thread must survive any one file
+                log.exception("spool scan failed")
+            self._wake.wait(self.config.scan_interval_seconds)
+            self._wake.clear()
+
+    def scan_once(self) -> int:
+        """Ingest every ready file once; returns how many were finished."""
+        pending = [(i, d, f) for i, d in enumerate(self.dirs) for f in list_ready_files(d)]
+        self.registry.set("spool_files_pending", float(len(pending)))
+        finished = 0
+        for n, (index, root, path) in enumerate(pending):
+            if self._stop.is_set():
+                break
+            if self._ingest(index, root, path):
+                finished += 1
+            self.registry.set("spool_files_pending", float(len(pending) - n - 1))
+        return finished
+
+    # -- one file --------------------------------------------------------------------------
+    def _key(self, prefix: bytes, index: int, root: Path, path: Path) -> bytes:
+        return prefix + f"{index}:{path.relative_to(root).as_posix()}".encode()
+
+    def _ingest(self, index: int, root: Path, path: Path) -> bool:
+        try:
+            ident = Identity.of(path)
+        except FileNotFoundError:
+            return False
+        age = time.time() - ident.mtime_ns / 1e9
+        binary = path.suffix == EXTENSION
+        if not binary and age < SETTLE_SECONDS:
+            self._wake_later()
+            return False
+        key = self._key(PROGRESS, index, root, path)
+        progress = _load(self.store.get_state(key))
+        start = 0
+        if progress is not None and progress.get("identity") == _ident_doc(ident):
+            if progress.get("done"):
+                self._finish(root, path, key)  # a crash came between "done" and the delete
+                return True
+            start = int(progress["next"])
+        elif binary and self._seen_before(index, root, path, ident):
+            log.info("spool file %s was ingested before (same name, size and count): "
+                     "removing the duplicate", path)
+            self.registry.inc("spool_files_duplicate")
+            self._finish(root, path, None)
+            return True
+        reader = open_spool_file(path)
+        try:
+            try:
+                count = reader.verify()
+            except SpoolFormatError as exc:
+                if binary and age < CORRUPT_GRACE_SECONDS:
+                    self._wake_later()
+                    return False  # perhaps still being written in place: look again later
+                self._quarantine(root, path, key, "corrupt", str(exc))
+                return False
+            except OSError as exc:
+                log.warning("cannot read spool file %s: %s", path, exc)
+                return False
+            records = reader.iter_records(start, verify_first=False)
+            # A batch must fit in an empty buffer, or it could never be committed.
+            limit = self.runtime.config.buffer.max_bytes
+            max_batch_bytes = max(64 * 1024, min(8 << 20, limit // 8))
+            for batch, next_index in _batches(records, BATCH, max_batch_bytes):
+                done = next_index >= count
+                doc = {"identity": _ident_doc(ident), "next": next_index, "done": done,
+                       "count": count}
+                puts = {key: json.dumps(doc).encode()}
+                if done and binary:
+                    puts[self._key(SEEN, index, root, path)] = json.dumps(
+                        {"size": ident.size, "count": count, "at": time.time()}).encode()
+                if not self._commit(batch, puts):
+                    return False
+            if count == 0 or start >= count:
+                doc = {"identity": _ident_doc(ident), "next": count, "done": True,
+                       "count": count}
+                if not self._commit([], {key: json.dumps(doc).encode()}):
+                    return False
+        except SpoolFormatError as exc:
+            # verify() passed, so the file changed under us; what was committed stays, the
+            # rest is quarantined with the index it stopped at.
+            self._quarantine(root, path, key, "corrupt", f"changed while being read: {exc}")
+            return False
+        finally:
+            reader.close()
+        self._finish(root, path, key)
+        self.registry.inc("spool_files_ingested")
+        return True
+
+    def _commit(self, batch: list[Record], puts: dict[bytes, bytes]) -> bool:
+        """Commit one batch with its progress; waits while the buffer is full."""
+        while not self._stop.is_set():
+            result = self.committer.commit(batch, Source.SPOOL, state_puts=puts)
+            if isinstance(result, list):
+                return True
+            if isinstance(result, BufferFull | BufferUnavailable):
+                # Intake pauses; the file waits on disk, its progress intact.
+                self._stop.wait(0.5)
+                continue
+        return False
+
+    def _seen_before(self, index: int, root: Path, path: Path, ident: Identity) -> bool:
+        raw = self.store.get_state(self._key(SEEN, index, root, path))
+        seen = _load(raw)
+        if seen is None or seen.get("size") != ident.size:
+            return False
+        try:
+            return bool(open_spool_file(path).verify() == seen.get("count"))
+        except (SpoolFormatError, OSError):
+            return False
+
+    def _finish(self, root: Path, path: Path, key: bytes | None) -> None:
+        try:
+            if self.config.after_ingest == "move":
+                target = root / "done" / path.relative_to(root)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, target)
+            else:
+                path.unlink()
+        except FileNotFoundError:
+            pass
+        if key is not None:
+            self.store.update_state(deletes=[key])
+
+    def _quarantine(self, root: Path, path: Path, key: bytes, reason: str, detail: str) -> None:
+        target = root / "quarantine" / path.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            shutil.move(str(path), str(target))
+        except FileNotFoundError:
+            return
+        target.with_name(target.name + ".reason").write_text(
+            f"{reason}: {detail}\nquarantined at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n")
+        self.store.update_state(deletes=[key])
+        self.registry.inc("spool_files_quarantined", reason=reason)
+        self.registry.sample("rejected", f"spool_{reason}", {"source": Source.SPOOL,
+                                                             "file": str(path),
+                                                             "detail": detail})
+        log.error("spool file %s quarantined to %s: %s", path, target, detail)
+
+    def _wake_later(self) -> None:
+        threading.Timer(SETTLE_SECONDS, self._wake.set).start()
+
+    def _cleanup(self) -> None:
+        """Forget progress of files that are gone, and old de-duplication entries; delete
+        temporary files a crashed writer left behind long ago."""
+        deletes: list[bytes] = []
+        for k, _ in self.store.state_items(PROGRESS):
+            index_s, _, rel = k[len(PROGRESS):].decode().partition(":")
+            if int(index_s) >= len(self.dirs) or not (self.dirs[int(index_s)] / rel).exists():
+                deletes.append(k)
+        now = time.time()
+        for k, v in self.store.state_items(SEEN):
+            doc = _load(v)
+            if doc is None or now - float(doc.get("at", 0)) > SEEN_SECONDS:
+                deletes.append(k)
+        if deletes:
+            self.store.update_state(deletes=deletes)
+        for d in self.dirs:
+            for stale in list_stale_temp_files(d, STALE_TEMP_SECONDS):
+                with contextlib.suppress(OSError):
+                    stale.unlink()
+                    log.info("deleted stale temporary spool file %s", stale)
+
+
+def _batches(
+    records: Iterator[tuple[int, SpoolRecord]], size: int, max_bytes: int
+) -> Iterator[tuple[list[Record], int]]:
+    """Groups of agent Records, each with the index of the record after it."""
+    now_ms = int(time.time() * 1000)
+    batch: list[Record] = []
+    weight = 0
+    last = -1
+    for last, r in records:
+        key = r.key
+        batch.append(Record(r.topic, r.value, key, r.partition_key, r.timestamp_ms or now_ms,
+                            r.headers, key is not None and r.partition_key is None))
+        weight += len(r.value) + 64
+        if len(batch) >= size or weight >= max_bytes:
+            yield batch, last + 1
+            batch = []
+            weight = 0
+    if batch:
+        yield batch, last + 1
+
+
+def _ident_doc(ident: Identity) -> list[int]:
+    return [ident.inode, ident.size, ident.mtime_ns]
+
+
+def _load(raw: bytes | None) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
