@@ -120,7 +120,14 @@ def _send(args: argparse.Namespace) -> int:
         return 1
     path = args.socket_path
     if path is None:
-        path = _config(args).socket.path or Path("/run/ferry/ferry.sock")
+        try:
+            path = _config(args).socket.path or Path("/run/ferry/ferry.sock")
+        except (ConfigError, PermissionError):
+            # Client users usually cannot read the daemon's config (it may hold secrets);
+            # only a config named explicitly must be readable.
+            if args.config is not None:
+                raise
+            path = Path("/run/ferry/ferry.sock")
     value = sys.stdin.buffer.read() if args.stdin else args.value.encode()
     key = args.key.encode() if args.key is not None else None
     try:

