@@ -1,0 +1,220 @@
+"""Writing binary spool files so that a reader never sees half of one.
+
+A SpoolWriter writes to a dot-prefixed temporary name (which ``list_ready_files`` never lists),
+appends the trailer, fsyncs the file, renames it to its final name, and fsyncs the directory
+so the rename itself survives a crash. Until the rename the file does not exist for the agent;
+after it, the whole file does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import time
+import zlib
+from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
+
+from spool.format import (
+    BLOCK_HEADER,
+    BLOCK_TARGET_BYTES,
+    EXTENSION,
+    MAX_BLOCK_BYTES,
+    TEMP_SUFFIX,
+    SpoolRecord,
+    encode_file_header,
+    encode_record,
+    encode_trailer,
+)
+
+_BUFFER = 1 << 20
+FILE_MODE = 0o640
+
+
+def check_file_name(name: str) -> str:
+    """``name`` as a spool file name (``.ferry`` appended if missing); ValueError if it is a
+    path, hidden, or a temporary name."""
+    if not name or "/" in name or "\\" in name or "\0" in name:
+        raise ValueError(f"spool file name {name!r} must be a plain, non-empty file name")
+    if name.startswith("."):
+        raise ValueError(f"spool file name {name!r} may not start with '.' (temporary files do)")
+    if not name.endswith(EXTENSION):
+        name += EXTENSION
+    if name.endswith(TEMP_SUFFIX):  # pragma: no cover - impossible after the suffix above
+        raise ValueError(f"spool file name {name!r} may not end with {TEMP_SUFFIX}")
+    if len(name.encode("utf-8")) > 200:
+        raise ValueError(f"spool file name {name!r} is longer than 200 bytes")
+    return name
+
+
+def unique_file_name(prefix: str = "") -> str:
+    """A name no other writer will pick: ``<prefix><ns since epoch>-<random>.ferry``; sorts by
+    creation time."""
+    return check_file_name(f"{prefix}{time.time_ns():020d}-{secrets.token_hex(6)}{EXTENSION}")
+
+
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """Make a rename or unlink in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class SpoolWriter:
+    """Writes one binary spool file; use as a context manager::
+
+        with SpoolWriter(spool_dir, "orders-0001") as w:
+            w.write(SpoolRecord("orders", b"..."))
+        # here the file is in place, fsynced; an exception instead deletes the temp file
+
+    ``replace=False`` (default) refuses to overwrite an existing file of that name, because
+    an overwritten file the agent has not ingested yet is lost. Writers that re-write the same
+    content under a fixed name on a retry (the Spark writer) pass ``replace=True``.
+    """
+
+    def __init__(
+        self, spool_dir: str | os.PathLike[str], name: str, *, replace: bool = False
+    ) -> None:
+        self.directory = Path(spool_dir)
+        self.name = check_file_name(name)
+        self.path = self.directory / self.name
+        self.replace = replace
+        self.count = 0
+        self._crc = 0  # over the file header and block headers: the trailer's CRC
+        self._pending: list[bytes] = []  # records of the block being filled
+        self._pending_bytes = 0
+        self._done = False
+        if not self.directory.is_dir():
+            raise FileNotFoundError(f"spool directory {self.directory} does not exist")
+        # Unique per writer, so two attempts at the same file never write into one temp file.
+        self.temp_path = self.directory / f".{self.name}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
+        fd = os.open(self.temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+        self._file = os.fdopen(fd, "wb", buffering=_BUFFER)
+        try:
+            # The agent reads spool files through the directory's group (docs/packaging.md),
+            # so the mode is set explicitly: a writer's umask of 077 must not hide the file.
+            os.fchmod(fd, FILE_MODE)
+            header = encode_file_header()
+            self._crc = zlib.crc32(header)
+            self._file.write(header)
+        except BaseException:
+            self.abort()
+            raise
+
+    def write(self, record: SpoolRecord) -> None:
+        """Append one record; ValueError if the format cannot hold it (nothing is written)."""
+        self._check_open()
+        data = encode_record(record)
+        self._pending.append(data)
+        self._pending_bytes += len(data)
+        if self._pending_bytes >= BLOCK_TARGET_BYTES:
+            self._flush_pending()
+
+    def write_many(self, records: Iterable[SpoolRecord]) -> None:
+        for record in records:
+            self.write(record)
+
+    def write_block(self, body: bytes | memoryview, count: int) -> None:
+        """Append ``count`` records already encoded back to back (``encode_columns`` yields
+        such bodies) as one block; the caller vouches that ``body`` is exactly that."""
+        self._check_open()
+        self._flush_pending()
+        self._write_block(body, count)
+
+    def _flush_pending(self) -> None:
+        if self._pending:
+            body = b"".join(self._pending)
+            count = len(self._pending)
+            self._pending.clear()
+            self._pending_bytes = 0
+            self._write_block(body, count)
+
+    def _write_block(self, body: bytes | memoryview, count: int) -> None:
+        if count < 1 or not body or len(body) > MAX_BLOCK_BYTES:
+            raise ValueError(f"a block of {len(body)} bytes and {count} records is not allowed")
+        head = BLOCK_HEADER.pack(len(body), count, zlib.crc32(body))
+        self._crc = zlib.crc32(head, self._crc)
+        self._file.write(head)
+        self._file.write(body)
+        self.count += count
+
+    def commit(self) -> Path:
+        """Finish the file and publish it under its final name; returns that path."""
+        self._check_open()
+        try:
+            self._flush_pending()
+            self._file.write(encode_trailer(self.count, self._crc))
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            if self.replace:
+                os.replace(self.temp_path, self.path)
+            else:
+                self._publish_exclusive()
+            self._done = True
+        except BaseException:
+            self.abort()
+            raise
+        fsync_dir(self.directory)
+        return self.path
+
+    def _publish_exclusive(self) -> None:
+        # link() fails if the name exists, where rename() would silently replace it.
+        try:
+            os.link(self.temp_path, self.path)
+        except FileExistsError:
+            raise FileExistsError(
+                f"spool file {self.path} already exists (pass replace=True to overwrite)"
+            ) from None
+        except OSError:  # a file system without hard links: check, then rename
+            if self.path.exists():
+                raise FileExistsError(f"spool file {self.path} already exists") from None
+            os.rename(self.temp_path, self.path)
+            return
+        os.unlink(self.temp_path)
+
+    def abort(self) -> None:
+        """Drop the temporary file; the final name is left untouched."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._file.close()
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.temp_path)
+
+    def _check_open(self) -> None:
+        if self._done:
+            raise ValueError(f"spool writer for {self.path} is already committed or aborted")
+
+    def __enter__(self) -> SpoolWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None and not self._done:
+            self.commit()
+        else:
+            self.abort()
+
+
+def write_spool_file(
+    spool_dir: str | os.PathLike[str],
+    name: str,
+    records: Iterable[SpoolRecord],
+    *,
+    replace: bool = False,
+) -> Path:
+    """Write ``records`` to ``spool_dir/name`` atomically; the final path."""
+    with SpoolWriter(spool_dir, name, replace=replace) as writer:
+        writer.write_many(records)
+    return writer.path

@@ -1,0 +1,57 @@
+"""A real SparkSession for the Spark tests, one per test run.
+
+One JVM holds one SparkContext, and starting one costs many seconds on a small CI machine, so
+every Spark test shares a single session. Its master is ``local[2,3]``: two cores, like
+``local[2]``, but a failed task is retried up to 3 times as on a cluster (plain ``local[2]``
+never retries), which the task-failure test needs. Any other test sees the same behaviour as
+with ``local[2]`` unless a task fails.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Executors run Python workers; they must use this interpreter (the venv with pyarrow and
+# ferry installed), not whatever "python3" is on PATH. Set before the JVM starts.
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+from pyspark.sql import SparkSession  # noqa: E402
+
+import spark_writer  # noqa: E402
+
+MASTER = "local[2,3]"
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+    """The session-wide SparkSession (2 cores, 3 attempts per task), ``ferry`` registered."""
+    warehouse = tmp_path_factory.mktemp("spark-warehouse")
+    session = (
+        SparkSession.builder.master(MASTER)
+        .appName("ferry-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.warehouse.dir", str(warehouse))
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    spark_writer.register(session)
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def spool_dir(tmp_path: Path) -> Path:
+    """An empty spool directory for one test."""
+    directory = tmp_path / "spool"
+    directory.mkdir()
+    return directory

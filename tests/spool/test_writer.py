@@ -1,0 +1,187 @@
+"""spool.writer: atomic, durable publication of binary spool files."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from spool.format import BLOCK_TARGET_BYTES, SpoolFormatError, SpoolRecord, encode_columns
+from spool.reader import (
+    BinarySpoolReader,
+    list_ready_files,
+    open_spool_file,
+    read_spool_file,
+    verify,
+)
+from spool.writer import SpoolWriter, unique_file_name, write_spool_file
+
+RECORDS = [SpoolRecord("orders", f"order {i}".encode(), f"{i}".encode(), i) for i in range(100)]
+
+
+def test_write_spool_file_publishes_a_readable_file_and_nothing_else(tmp_path: Path) -> None:
+    path = write_spool_file(tmp_path, "batch-1", RECORDS)
+    assert path == tmp_path / "batch-1.ferry"
+    assert os.listdir(tmp_path) == ["batch-1.ferry"]
+    assert verify(path) == len(RECORDS)
+    assert read_spool_file(path) == RECORDS
+    assert list_ready_files(tmp_path) == [path]
+
+
+def test_until_commit_only_an_ignored_temporary_file_exists(tmp_path: Path) -> None:
+    with SpoolWriter(tmp_path, "pending.ferry") as writer:
+        writer.write_many(RECORDS)
+        [temp] = os.listdir(tmp_path)
+        assert temp.startswith(".pending.ferry.") and temp.endswith(".tmp")
+        assert list_ready_files(tmp_path) == []
+        with pytest.raises(SpoolFormatError, match="a temporary file"):
+            open_spool_file(tmp_path / temp)
+    assert os.listdir(tmp_path) == ["pending.ferry"]
+
+
+def test_a_half_written_file_is_refused_even_under_a_ready_name(tmp_path: Path) -> None:
+    """If someone renames a file that is still being written, the reader still refuses it."""
+    with SpoolWriter(tmp_path, "growing") as writer:
+        writer.write_many([SpoolRecord("t", bytes(1000))] * 3000)  # > the 1 MiB file buffer
+        [temp] = os.listdir(tmp_path)
+        half = tmp_path / "renamed-too-early.ferry"
+        shutil.copyfile(tmp_path / temp, half)
+        assert half.stat().st_size > 1_000_000
+        with pytest.raises(SpoolFormatError, match="truncated|without a trailer"):
+            verify(half)
+        with pytest.raises(SpoolFormatError):
+            next(iter(open_spool_file(half)))
+        half.unlink()
+    assert verify(tmp_path / "growing.ferry") == 3000
+
+
+def test_an_exception_in_the_block_leaves_no_file(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="producer crashed"), SpoolWriter(
+        tmp_path, "doomed"
+    ) as writer:
+        writer.write_many(RECORDS)
+        raise RuntimeError("producer crashed")
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_existing_name_is_not_overwritten_unless_asked(tmp_path: Path) -> None:
+    first = write_spool_file(tmp_path, "same", RECORDS[:1])
+    with pytest.raises(FileExistsError, match="already exists"):
+        write_spool_file(tmp_path, "same", RECORDS[1:2])
+    assert read_spool_file(first) == RECORDS[:1]
+    assert os.listdir(tmp_path) == ["same.ferry"]  # the losing temp file is gone too
+
+    inode = os.stat(first).st_ino
+    write_spool_file(tmp_path, "same", RECORDS[1:2], replace=True)
+    assert read_spool_file(first) == RECORDS[1:2]
+    assert os.stat(first).st_ino != inode  # replaced by rename, never rewritten in place
+    assert os.listdir(tmp_path) == ["same.ferry"]
+
+
+def test_files_are_group_readable_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        path = write_spool_file(tmp_path, "private-umask", RECORDS[:1])
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o640
+
+
+def test_the_file_is_fsynced_before_the_rename_and_the_directory_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The crash-safety protocol: data durable under the temporary name, then the rename."""
+    final = tmp_path / "durable.ferry"
+    events: list[str] = []
+    real_fsync = os.fsync
+
+    def watching_fsync(fd: int) -> None:
+        is_dir = os.path.isdir(f"/proc/self/fd/{fd}")
+        events.append(("dir" if is_dir else "file") + (" after" if final.exists() else " before"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", watching_fsync)
+    write_spool_file(tmp_path, "durable", RECORDS)
+    assert events == ["file before", "dir after"]
+
+
+def test_write_block_and_write_make_the_same_file(tmp_path: Path) -> None:
+    a = tmp_path / "a"
+    b = tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    write_spool_file(a, "x", RECORDS)
+    with SpoolWriter(b, "x") as writer:
+        for body, count in encode_columns(
+            "orders",
+            [r.value for r in RECORDS],
+            [r.key for r in RECORDS],
+            [r.partition_key for r in RECORDS],
+            0,
+        ):
+            writer.write_block(body, count)
+    assert (a / "x.ferry").read_bytes() == (b / "x.ferry").read_bytes()
+
+
+def test_large_writes_are_split_into_bounded_blocks(tmp_path: Path) -> None:
+    record = SpoolRecord("t", bytes(100_000))
+    path = write_spool_file(tmp_path, "big", [record] * 50)
+    assert read_spool_file(path) == [record] * 50
+    # A reader that takes blocks only a little over the target size reads it.
+    reader = BinarySpoolReader(path, max_block_bytes=BLOCK_TARGET_BYTES + 200_000)
+    assert reader.verify() == 50
+
+
+def test_a_record_the_format_cannot_hold_is_refused_and_nothing_else_changes(
+    tmp_path: Path,
+) -> None:
+    with SpoolWriter(tmp_path, "partial") as writer:
+        writer.write(RECORDS[0])
+        with pytest.raises(ValueError, match="not a legal Kafka topic name"):
+            writer.write(SpoolRecord("bad topic", b"v"))
+        writer.write(RECORDS[1])
+    assert read_spool_file(tmp_path / "partial.ferry") == RECORDS[:2]
+
+
+def test_a_finished_writer_refuses_more(tmp_path: Path) -> None:
+    writer = SpoolWriter(tmp_path, "done")
+    writer.commit()
+    with pytest.raises(ValueError, match="already committed or aborted"):
+        writer.write(RECORDS[0])
+    with pytest.raises(ValueError, match="already committed or aborted"):
+        writer.commit()
+    aborted = SpoolWriter(tmp_path, "aborted")
+    aborted.abort()
+    with pytest.raises(ValueError, match="already committed or aborted"):
+        aborted.commit()
+    assert os.listdir(tmp_path) == ["done.ferry"]
+    assert verify(tmp_path / "done.ferry") == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("", "plain, non-empty file name"),
+        ("a/b", "plain, non-empty file name"),
+        (".hidden", "may not start with '.'"),
+        ("x" * 200, "longer than 200 bytes"),
+    ],
+)
+def test_bad_names_are_refused(tmp_path: Path, name: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SpoolWriter(tmp_path, name)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_missing_spool_directory_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="spool directory .* does not exist"):
+        SpoolWriter(tmp_path / "missing", "x")
+
+
+def test_unique_file_names_are_unique_valid_and_sort_by_time() -> None:
+    names = [unique_file_name("job-") for _ in range(100)]
+    assert len(set(names)) == 100
+    assert all(n.startswith("job-") and n.endswith(".ferry") for n in names)
+    assert [n[4:24] for n in names] == sorted(n[4:24] for n in names)
