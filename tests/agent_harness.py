@@ -15,11 +15,16 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 from agent.buffer.store import Store
+from agent.config import load_config
+from agent.daemon import Agent
+from agent.metrics import Registry
 from tests.kafka import free_port
 from tests.waiting import wait_until
 
@@ -174,6 +179,19 @@ class AgentProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
         self._reap_group()
+
+
+@contextmanager
+def running_agent(root: Path, bootstrap: str, **config: Any) -> Iterator[Agent]:
+    """The whole agent in this process (the forwarder still gets its own process), with a
+    registry of its own; ``config`` goes to write_config (HTTP off unless asked for)."""
+    config.setdefault("http", False)
+    agent = Agent(load_config(write_config(root, bootstrap, **config)), registry=Registry())
+    agent.start()
+    try:
+        yield agent
+    finally:
+        agent.stop()
 
 
 def wait_buffered(agent: AgentProcess, topic: str, count: int, timeout: float = 15.0) -> None:

@@ -5,30 +5,20 @@ from __future__ import annotations
 import collections
 import socket
 import struct
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from agent.client import FerryClient
-from agent.config import load_config
-from agent.daemon import Agent
 from agent.ingest import datagram
-from agent.metrics import Registry
-from tests.agent_harness import AgentProcess, now_ms, wait_buffered, wait_drained, write_config
+from tests.agent_harness import (
+    AgentProcess,
+    now_ms,
+    running_agent,
+    wait_buffered,
+    wait_drained,
+    write_config,
+)
 from tests.kafka import Broker, consume_all, create_topic, read_topic
 from tests.waiting import wait_until
-
-
-@contextmanager
-def running_agent(root: Path, bootstrap: str, **kw: object) -> Iterator[Agent]:
-    """The whole agent in this process (the forwarder still gets its own process)."""
-    config = load_config(write_config(root, bootstrap, http=False, **kw))  # type: ignore[arg-type]
-    agent = Agent(config, registry=Registry())
-    agent.start()
-    try:
-        yield agent
-    finally:
-        agent.stop()
 
 
 def test_both_message_types_reach_the_right_partition_intact(

@@ -441,7 +441,11 @@ class Store:
     # -- forwarder side --------------------------------------------------------------------
     def topics(self) -> list[str]:
         """Topics that have buffered messages."""
-        with self._txn(write=False) as txn, txn.cursor(self._meta) as cur:
+        with self._txn(write=False) as txn:
+            return self._topic_names(txn)
+
+    def _topic_names(self, txn: lmdb.Transaction) -> list[str]:
+        with txn.cursor(self._meta) as cur:
             out = []
             if cur.set_range(_COUNT_PREFIX):
                 for k in cur.iternext(keys=True, values=False):
@@ -547,14 +551,7 @@ class Store:
             raw = txn.get(message_id, db=self._tracking)
             if raw is not None:
                 return _unpack_outcome(bytes(raw))
-            with txn.cursor(self._meta) as meta:
-                topics = []
-                if meta.set_range(_COUNT_PREFIX):
-                    for k in meta.iternext(keys=True, values=False):
-                        if not bytes(k).startswith(_COUNT_PREFIX):
-                            break
-                        topics.append(bytes(k[len(_COUNT_PREFIX):]).decode("ascii"))
-            for topic in topics:
+            for topic in self._topic_names(txn):
                 if txn.get(keys.message_key(topic, message_id), db=self._messages) is not None:
                     return {"state": "buffered", "topic": topic}
         return None

@@ -5,31 +5,21 @@ from __future__ import annotations
 import collections
 import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 from agent.buffer.store import Store, StoredMessage
-from agent.config import load_config
 from agent.daemon import Agent
-from agent.metrics import Registry
 from spool.format import SpoolRecord
 from spool.writer import write_spool_file
-from tests.agent_harness import AgentProcess, write_config
+from tests.agent_harness import AgentProcess, running_agent, write_config
 from tests.kafka import Broker, consume_all, read_topic
 from tests.waiting import wait_until
 
 
-@contextmanager
-def spool_agent(root: Path, bootstrap: str, **kw: object) -> Iterator[Agent]:
-    config = load_config(write_config(root, bootstrap, http=False, spool=True,
-                                      **kw))  # type: ignore[arg-type]
-    agent = Agent(config, registry=Registry())
-    agent.start()
-    try:
-        yield agent
-    finally:
-        agent.stop()
+def spool_agent(root: Path, bootstrap: str, **kw: Any) -> AbstractContextManager[Agent]:
+    return running_agent(root, bootstrap, spool=True, **kw)
 
 
 def _spool(agent: Agent) -> Path:
