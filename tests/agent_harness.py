@@ -6,6 +6,7 @@ the whole group (ingest and forwarder processes), as systemd would kill its cgro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -145,10 +146,8 @@ class AgentProcess:
     def _reap_group(self) -> None:
         if self.proc is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)  # a forwarder child left behind
-        except ProcessLookupError:
-            pass
 
     def log_tail(self, lines: int = 60) -> str:
         try:
