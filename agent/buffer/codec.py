@@ -83,15 +83,9 @@ def decode(topic: str, data: bytes) -> tuple[Record, int]:
             headers = tuple(hs)
         if pos > len(data):
             raise CorruptRecord("record is shorter than its header says")
-        record = Record(
-            topic=topic,
-            value=data[pos:],
-            key=key,
-            partition_key=pk if flags & HAS_PARTITION_KEY else None,
-            timestamp_ms=ts,
-            headers=headers,
-            hash_key=bool(flags & HASH_KEY),
-        )
+        # Positional: this runs once per message on the forwarder's hot path.
+        record = Record(topic, data[pos:], key, pk if flags & HAS_PARTITION_KEY else None, ts,
+                        headers, bool(flags & HASH_KEY))
         return record, generation
     except (struct.error, UnicodeDecodeError) as exc:
         raise CorruptRecord(str(exc)) from None

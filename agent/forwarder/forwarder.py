@@ -66,6 +66,7 @@ class Flight:
     pending: int = 0  # produce() calls not yet reported
     sent_local_at: float | None = None
     sent_remote: bool = False
+    sent_remote_at: float = 0.0
     done: bool = False
     last_error: str = ""
 
@@ -86,7 +87,6 @@ class _Leaving:
     outcomes: list[Outcome] = field(default_factory=list)
     flights: list[Flight | None] = field(default_factory=list)
     discards: list[Discard] = field(default_factory=list)
-    delivered: list[tuple[str, str]] = field(default_factory=list)  # (topic, cluster) per outcome
     since: float = 0.0
 
 
@@ -118,7 +118,7 @@ class Forwarder:
         self.backoff_max = fwd.retry_backoff_max_ms / 1000.0
         self._topics: dict[str, _TopicState] = {}
         self._in_flight = 0
-        self._reports: list[tuple[Flight, str, float, KafkaError | None, int, int]] = []
+        self._reports: list[tuple[Flight, str, KafkaError | None, int, int]] = []
         self._retry_topics: set[str] = set()
         self._speculative: deque[tuple[float, Flight]] = deque()
         self._leaving = _Leaving()
@@ -194,6 +194,11 @@ class Forwarder:
             gen = self._generations.get(topic, 0)
             now_ms = int(time.time() * 1000)
             direct = self._direct_route(topic, settings)
+            # Messages are in acceptance order: if the newest one read is older than the TTL,
+            # the check is needed per message; if the oldest one is younger, for none.
+            first = batch[0]
+            check_ttl = now_ms - keys.id_timestamp_ms(first.id) > ttl_ms
+            max_size = settings.max_message_bytes
             for m in batch:
                 st.cursor = m.id
                 if isinstance(m, Corrupt):
@@ -203,13 +208,13 @@ class Forwarder:
                     self._discard(Flight(m, settings), "generation",
                                   "the topic was deleted after this message was accepted")
                     continue
-                if m.record.size > settings.max_message_bytes:
+                if m.record.size > max_size:
                     # Sources that cannot refuse at once (spool files) let these through.
                     self._discard(Flight(m, settings), "too_large",
                                   f"{m.record.size} bytes > max_message_bytes="
                                   f"{settings.max_message_bytes}")
                     continue
-                if now_ms - m.accepted_ms > ttl_ms:
+                if check_ttl and now_ms - m.accepted_ms > ttl_ms:
                     self._discard(Flight(m, settings), "ttl",
                                   f"older than ttl_seconds={settings.ttl_seconds}")
                     continue
@@ -217,7 +222,7 @@ class Forwarder:
                 self._in_flight += 1
                 flight = Flight(m, settings)
                 if direct is not None:
-                    self._produce_direct(flight, *direct)
+                    self._produce_direct(flight, direct[0], direct[1], now)
                 else:
                     self._send(flight, now)
         return worked
@@ -232,7 +237,7 @@ class Forwarder:
             return None
         return local.producer(settings.acks), layout
 
-    def _produce_direct(self, f: Flight, producer: Any, layout: Any) -> None:
+    def _produce_direct(self, f: Flight, producer: Any, layout: Any, now: float) -> None:
         """The common case, kept short: one local cluster, partitions known."""
         r = f.msg.record
         pk = r.partition_key
@@ -246,14 +251,14 @@ class Forwarder:
             producer.produce(r.topic, r.value, r.key, partition=partition,
                              timestamp=r.timestamp_ms,
                              headers=list(r.headers) if r.headers else None,
-                             on_delivery=partial(self._on_delivery, f, LOCAL, time.monotonic()))
+                             on_delivery=partial(self._on_delivery, f, LOCAL))
         except BufferError:
             self._schedule_retry(f, 0.05)
             return
         except KafkaException as exc:
             self._refused_at_once(f, LOCAL, exc)
             return
-        f.sent_local_at = time.monotonic()
+        f.sent_local_at = now
         f.pending += 1
         self._topics[r.topic].sending += 1
 
@@ -325,7 +330,7 @@ class Forwarder:
                 partition=partition if partition != UNASSIGNED else -1,
                 timestamp=r.timestamp_ms,
                 headers=list(r.headers) if r.headers else None,
-                on_delivery=partial(self._on_delivery, f, cluster_name, time.monotonic()),
+                on_delivery=partial(self._on_delivery, f, cluster_name),
             )
         except BufferError:
             return None
@@ -336,6 +341,7 @@ class Forwarder:
             f.sent_local_at = time.monotonic()
         else:
             f.sent_remote = True
+            f.sent_remote_at = time.monotonic()
         f.pending += 1
         self._topics.setdefault(r.topic, _TopicState()).sending += 1
         return True
@@ -350,33 +356,36 @@ class Forwarder:
         self._failed(f, cluster, str(exc), permanent=code in PERMANENT,
                      code=err.name() if err is not None else "error")
 
-    def _on_delivery(
-        self, f: Flight, cluster: str, t0: float, err: KafkaError | None, msg: Message
-    ) -> None:
+    def _on_delivery(self, f: Flight, cluster: str, err: KafkaError | None, msg: Message) -> None:
         # Runs inside poll() on this thread: just record; _handle_reports does the work.
-        self._reports.append((f, cluster, t0, err, msg.partition() or 0, msg.offset() or 0))
+        self._reports.append((f, cluster, err, msg.partition() or 0, msg.offset() or 0))
 
     def _handle_reports(self) -> bool:
         if not self._reports:
             return False
         reports, self._reports = self._reports, []
         now = time.monotonic()
-        latencies: dict[str, list[float]] = {}
-        for f, cluster, t0, err, partition, offset in reports:
+        acked: set[str] = set()
+        topics = self._topics
+        leave = self._leave
+        for i, (f, cluster, err, partition, offset) in enumerate(reports):
             f.pending -= 1
-            self._topics[f.msg.record.topic].sending -= 1
+            m = f.msg
+            topic = m.record.topic
+            topics[topic].sending -= 1
             if err is None:
-                self.clusters[cluster].mark_ok()
-                latencies.setdefault(cluster, []).append(now - t0)
+                acked.add(cluster)
+                if not i & 63:  # a sample is enough for the latency histogram
+                    sent = f.sent_local_at if cluster == LOCAL else f.sent_remote_at
+                    if sent:
+                        self.registry.observe("produce_latency_seconds", now - sent,
+                                              cluster=cluster)
                 if f.done:
-                    self.registry.inc("messages_duplicate_acks", topic=f.msg.topic,
-                                      cluster=cluster)
+                    self.registry.inc("messages_duplicate_acks", topic=topic, cluster=cluster)
                     continue
                 f.done = True
-                m = f.msg
-                self._leave(f, Outcome(m.key, m.stored_bytes, m.record.topic, "delivered",
-                                       cluster, partition, offset),
-                            delivered=(m.record.topic, cluster))
+                leave(f, Outcome(m.key, m.stored_bytes, topic, "delivered", cluster, partition,
+                                 offset))
                 continue
             if f.done:
                 continue
@@ -387,9 +396,8 @@ class Forwarder:
             permanent = err.code() in PERMANENT
             self._failed(f, cluster, err.str() or err.name(), permanent=permanent,
                          code=err.name())
-        for cluster, values in latencies.items():
-            for v in values[:: max(1, len(values) // 200)]:  # sample: histograms per batch
-                self.registry.observe("produce_latency_seconds", v, cluster=cluster)
+        for cluster in acked:
+            self.clusters[cluster].mark_ok()
         return True
 
     def _replace_producer(self, cluster: str, acks: str, err: KafkaError) -> None:
@@ -498,14 +506,7 @@ class Forwarder:
                                   reason="corrupt"), discard=d)
         log.error("discarding undecodable message %s of %s: %s", d.message_id, m.topic, m.error)
 
-    def _leave(
-        self,
-        f: Flight | None,
-        outcome: Outcome,
-        *,
-        discard: Discard | None = None,
-        delivered: tuple[str, str] | None = None,
-    ) -> None:
+    def _leave(self, f: Flight | None, outcome: Outcome, discard: Discard | None = None) -> None:
         lv = self._leaving
         if not lv.outcomes:
             lv.since = time.monotonic()
@@ -513,8 +514,6 @@ class Forwarder:
         lv.flights.append(f)
         if discard is not None:
             lv.discards.append(discard)
-        if delivered is not None:
-            lv.delivered.append(delivered)
 
     def _flush_leaving(self) -> None:
         lv = self._leaving
@@ -531,16 +530,16 @@ class Forwarder:
         reg = self.registry
         delivered: dict[tuple[str, str], int] = {}
         dup: dict[tuple[str, str], int] = {}
-        di = iter(lv.delivered)
+        topics = self._topics
         for outcome, f, ok in zip(lv.outcomes, lv.flights, removed, strict=True):
             topic = outcome.topic
             if f is not None:
-                st = self._topics.get(topic)
+                st = topics.get(topic)
                 if st is not None:
                     st.in_flight -= 1
                 self._in_flight -= 1
             if outcome.state == "delivered":
-                key = next(di)
+                key = (topic, outcome.cluster)
                 target = delivered if ok else dup
                 target[key] = target.get(key, 0) + 1
         for (topic, cluster), n in delivered.items():
