@@ -24,13 +24,13 @@ from typing import Any
 
 from agent.buffer import keys
 from agent.buffer.committer import ShuttingDown
-from agent.buffer.store import BufferFull, BufferUnavailable
+from agent.buffer.store import BufferFull, BufferUnavailable, InvalidGroup
 from agent.config import TopicConfig
 from agent.ingest.http import idempotency as idem
 from agent.ingest.http.codecs import BodyError, Codecs, MediaTypeError, media_type
 from agent.ingest.http.counters import LocalCounters
 from agent.ingest.http.deadlines import BodyDeadlines
-from agent.ingest.http.delivery import Check, CompletionBridge, DeliveryWatcher, store_check
+from agent.ingest.http.delivery import CompletionBridge, DeliveryWatcher, Locate, store_locate
 from agent.ingest.http.errors import JSON_CONTENT_TYPE, HttpError
 from agent.ingest.http.ratelimit import RateLimiter
 from agent.ingest.http.topics import TopicCatalog, valid_topic
@@ -46,7 +46,6 @@ Send = Callable[[Message], Awaitable[None]]
 
 # Longest Ferry holds a request waiting for Kafka, whatever a topic's ack_timeout_ms says.
 MAX_ACK_WAIT_MS = 60_000
-DEFAULT_MAX_BATCH_BYTES = 16 * 1024 * 1024
 # Refusals of a request whose body is still coming keep the connection (httptools reads and
 # drops the rest of a declared body) unless that body is bigger than this.
 _DRAIN_LIMIT = 4 * 1024 * 1024
@@ -69,8 +68,8 @@ class Publisher:
         *,
         codecs: Codecs | None = None,
         limiter: RateLimiter | None = None,
-        check: Check | None = None,
-        poll_interval: float = 0.002,
+        locate: Locate | None = None,
+        poll_interval: float = 0.003,
     ) -> None:
         cfg = runtime.config.http
         self.runtime = runtime
@@ -80,11 +79,11 @@ class Publisher:
         self.limiter = limiter or RateLimiter()
         self.idempotency = idem.Idempotency(runtime.store, cfg.idempotency_window_seconds)
         self.body_timeout = cfg.body_timeout_seconds
-        self.max_batch_bytes = int(getattr(cfg, "max_batch_bytes", DEFAULT_MAX_BATCH_BYTES))
+        self.max_batch_bytes = cfg.max_batch_bytes
         # Allow-listed request headers -> Kafka header names (spelled as configured).
         self.allowlist = {n.lower().encode("latin-1"): n for n in cfg.header_allowlist}
         self.track = runtime.store.track
-        self.check = check or store_check(runtime.store)
+        self.locate = locate or store_locate(runtime.store)
         self.poll_interval = poll_interval
         self.counters = LocalCounters(runtime.registry)
         self.deadlines = BodyDeadlines()
@@ -101,10 +100,15 @@ class Publisher:
                 self._watcher.close()
             self._loop = loop
             self._bridge = CompletionBridge(loop)
-            self._watcher = DeliveryWatcher(self.check, interval=self.poll_interval,
+            self._watcher = DeliveryWatcher(self.locate, interval=self.poll_interval,
                                             active=lambda: self.runtime.accepting)
             self._inflight = {}
         return self._bridge, self._watcher
+
+    @property
+    def waiting_for_kafka(self) -> int:
+        """Requests holding their answer for Kafka's acknowledgement right now."""
+        return self._watcher.waiting if self._watcher is not None else 0
 
     def release_waits(self) -> None:
         """Answer requests waiting for Kafka now (202): shutdown should not wait for acks."""
@@ -122,10 +126,13 @@ class Publisher:
                        batch: bool) -> None:
         route = "batch" if batch else "publish"
         try:
-            status, headers, body = await self._publish(scope, receive, topic, batch)
+            status, headers, body, n = await self._publish(scope, receive, topic, batch)
+            # Every message a client hands over is received, then accepted or rejected.
+            self.counters.add("messages_received", _SOURCE, n)
         except HttpError as exc:
             status, body = exc.status, exc.body()
             headers = exc.headers(body)
+            self.counters.add("messages_received", _SOURCE, exc.count)
             if exc.reason is not None:
                 self.counters.add("messages_rejected", (*_SOURCE, ("reason", exc.reason)),
                                   exc.count)
@@ -145,7 +152,7 @@ class Publisher:
 
     async def _publish(
         self, scope: Scope, receive: Receive, topic: str, batch: bool
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes, int]:
         runtime = self.runtime
         if not runtime.accepting:
             raise _not_accepting(runtime.phase)
@@ -209,15 +216,12 @@ class Publisher:
         try:
             values = codec.batch(media, body) if batch else [codec.single(media, body)]
         except BodyError as exc:
-            self.counters.add("messages_received", _SOURCE, exc.count)
             raise HttpError(400, "invalid_body", str(exc), reason="invalid",
                             count=exc.count) from None
         except MediaTypeError as exc:
-            self.counters.add("messages_received", _SOURCE)
             raise HttpError(415, "unsupported_media_type", str(exc),
                             reason="unsupported_media_type") from None
         n = len(values)
-        self.counters.add("messages_received", _SOURCE, n)
         ksize = len(pkey) if pkey else 0
         max_bytes = settings.max_message_bytes
         for i, v in enumerate(values):
@@ -241,9 +245,9 @@ class Publisher:
             fingerprint = idem.fingerprint([
                 b"batch" if batch else b"single", ctype or b"", pkey or b"", fpk or b"",
                 *(f"{k}={v!r}".encode() for k, v in headers), body])
-            replay = await self._replay(state_key, fingerprint, settings, batch, n)
+            replay = await self._replay(topic, state_key, fingerprint, settings, batch, n)
             if replay is not None:
-                return replay
+                return (*replay, 0)  # stored before: received (and counted) the first time
         wait = self.limiter.acquire(topic, settings.rate_limit, n)
         if wait:
             raise HttpError(429, "rate_limited",
@@ -251,7 +255,7 @@ class Publisher:
                             "over HTTP", reason="rate_limited", retry_after=wait, count=n)
         if state_key is None:
             ids = await self._commit(records)
-            return await self._answer(ids, settings, batch)
+            return (*await self._answer(topic, ids, settings, batch), n)
         assert self._loop is not None
         gate: asyncio.Future[None] = self._loop.create_future()
         self._inflight[state_key] = gate
@@ -262,7 +266,7 @@ class Publisher:
             if self._inflight.get(state_key) is gate:
                 del self._inflight[state_key]
             gate.set_result(None)
-        return await self._answer(ids, settings, batch)
+        return (*await self._answer(topic, ids, settings, batch), n)
 
     async def _read_body(self, receive: Receive, limit: int, topic: str, batch: bool) -> bytes:
         parts: list[bytes] = []
@@ -311,15 +315,20 @@ class Publisher:
                             "Ferry's buffer writer is behind; nothing was stored. Retry later.",
                             reason="overloaded", retry_after=RETRY_BUSY, count=len(records))
         result = await future
+        if isinstance(result, InvalidGroup):
+            # Counted by the committer (reason invalid). The checks above should make this
+            # impossible; if a record still cannot be encoded, it is the client's input.
+            raise HttpError(400, "invalid_body", f"the message cannot be stored: {result}",
+                            count=len(records))
         if isinstance(result, BufferFull):
             # Counted by the committer (messages_rejected reason buffer_full).
             raise HttpError(503, "buffer_full",
                             f"Ferry's buffer is full; nothing was stored: {result}",
-                            retry_after=RETRY_FULL)
+                            retry_after=RETRY_FULL, count=len(records))
         if isinstance(result, BufferUnavailable):
             raise HttpError(503, result.reason,
                             f"Ferry's buffer cannot store messages; nothing was stored: {result}",
-                            retry_after=RETRY_FULL)
+                            retry_after=RETRY_FULL, count=len(records))
         ids: list[bytes] = result
         return ids
 
@@ -355,7 +364,8 @@ class Publisher:
             log.exception("pruning idempotency keys failed")
 
     async def _replay(
-        self, state_key: bytes, fingerprint: str, settings: TopicConfig, batch: bool, n: int
+        self, topic: str, state_key: bytes, fingerprint: str, settings: TopicConfig,
+        batch: bool, n: int
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
         self._bind()
         while (gate := self._inflight.get(state_key)) is not None:
@@ -368,15 +378,15 @@ class Publisher:
                             "this Idempotency-Key was used for a different request (body or "
                             "headers differ) within the idempotency window", reason="invalid",
                             count=n)
-        return await self._answer(entry.ids, settings, batch, replayed=True)
+        return await self._answer(topic, entry.ids, settings, batch, replayed=True)
 
-    async def _answer(self, ids: list[bytes], settings: TopicConfig, batch: bool,
+    async def _answer(self, topic: str, ids: list[bytes], settings: TopicConfig, batch: bool,
                       replayed: bool = False) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         delivered = False
         timeout_ms = min(settings.ack_timeout_ms, MAX_ACK_WAIT_MS)
         if timeout_ms > 0 and self.track:
             _, watcher = self._bind()
-            delivered = await watcher.wait(ids, timeout_ms / 1000)
+            delivered = await watcher.wait(topic, ids, timeout_ms / 1000)
         status = 201 if delivered else 202
         flag = b"true" if delivered else b"false"
         texts = [keys.id_text(i) for i in ids]

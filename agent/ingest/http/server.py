@@ -5,6 +5,8 @@ thread). The listening socket is bound here, before the thread starts, so a take
 clear error from ``start()`` rather than a log line from another thread, and port 0 works:
 ``port`` tells the port the kernel chose.
 
+Responses leave in one write per connection and loop iteration (``_CorkedTransport``).
+
 ``stop()`` is graceful: readiness turns 503 and publishing refuses new work at once, uvicorn
 stops accepting connections, closes idle ones and lets requests in progress finish (their
 commits complete, so the buffer is consistent), then the loop ends.
@@ -22,6 +24,7 @@ from typing import Any
 import uvicorn
 import uvloop
 from starlette.types import ASGIApp
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from agent.runtime import Phase, Runtime
 
@@ -33,6 +36,59 @@ BACKLOG = 2048
 
 class HttpBindError(RuntimeError):
     """The listener cannot be opened (port taken, address not local, ...)."""
+
+
+class _CorkedTransport:
+    """Hands a connection's writes of one loop iteration to the socket as one write.
+
+    uvicorn writes a response's status line and headers, then its body, as two writes; on
+    loopback TCP each write is a packet the kernel delivers right away, which costs more than
+    the publish handler itself (measured: ~30 us of ~75 us per small request). Collecting the
+    writes and flushing them once, later in the same loop iteration, sends one packet.
+    """
+
+    __slots__ = ("_transport", "_pending", "_loop")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._pending: list[bytes] = []
+        self._loop = loop
+
+    def write(self, data: bytes) -> None:
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append(data)
+
+    def _flush(self) -> None:
+        pending = self._pending
+        if pending:
+            self._pending = []
+            self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def pause_reading(self) -> None:
+        self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._transport.resume_reading()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class _Protocol(HttpToolsProtocol):
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        corked = _CorkedTransport(transport, asyncio.get_running_loop())
+        super().connection_made(corked)  # type: ignore[arg-type]
 
 
 class _Server(uvicorn.Server):
@@ -81,7 +137,8 @@ class HttpServer:
         self.host, self.port = str(address[0]), int(address[1])
         config = uvicorn.Config(
             self.app,
-            http="httptools",
+            http=_Protocol,
+            ws="none",
             interface="asgi3",
             lifespan="off",
             proxy_headers=False,

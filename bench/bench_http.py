@@ -1,0 +1,403 @@
+"""HTTP publishing benchmark: durable single-message and batch publishes, real server.
+
+    .venv/bin/python bench/bench_http.py [--mode single|batch|both] [--seconds 10]
+        [--connections 50] [--size 200] [--batch 1000] [--client wrk|python] [--kafka]
+        [--dir PATH] [--linger-ms MS] [--switch-interval S]
+
+The server is Ferry's HTTP stage as in production (``create_app`` + ``HttpServer``: uvicorn,
+uvloop, httptools) over a real ``Store`` and group ``Committer`` in a temporary directory
+under ``--dir`` (default: the repository, i.e. its disk), in its own process. The load
+generator is another process: ``wrk`` (C; installed from Debian when missing and run as root)
+or a built-in asyncio + uvloop raw-socket client; keep-alive, one request in flight per
+connection, ``--connections`` in total.
+
+Without ``--kafka`` nothing forwards the buffer, so topics use ack_timeout_ms = 0: every
+answer is a 202, i.e. "committed and fsynced". With ``--kafka`` the full agent runs
+(``ferry run``, forwarder process, tansu broker) and the topic keeps ack_timeout_ms = 65, so
+answers are 201 when Kafka acknowledged in time: that measures the Hermes-style 201 path.
+
+Prints requests/s, messages/s, latency percentiles (client-measured), status codes, the
+server's CPU time per request (what other load on the machine cannot inflate much), and
+checks that the buffer (or Kafka) holds exactly the messages that were acknowledged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+TOPIC = "bench"
+_LENGTH = re.compile(rb"content-length: *(\d+)", re.IGNORECASE)
+
+
+# -- server process ------------------------------------------------------------------------
+def serve(root: str, conn: Connection, linger_ms: float | None = None,
+          switch_interval: float | None = None) -> None:
+    from agent.buffer.committer import Committer
+    from agent.buffer.store import Store
+    from agent.config import FerryConfig
+    from agent.ingest.http.app import create_app
+    from agent.ingest.http.server import HttpServer
+    from agent.metrics import Registry
+    from agent.runtime import Phase, Runtime
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if switch_interval is not None:
+        sys.setswitchinterval(switch_interval)
+    cfg = FerryConfig.model_validate({
+        "buffer": {"path": root, "max_bytes": 8 * 1024**3},
+        "socket": {"path": ""},
+        "http": {"listen": "127.0.0.1:0"},
+        "topics": {"default": {"ack_timeout_ms": 0}},
+    })
+    store = Store(cfg.buffer.path, cfg.buffer.max_bytes)
+    registry = Registry()
+    committer = Committer(store, registry=registry,
+                          max_batch_messages=cfg.buffer.commit_max_messages,
+                          linger_ms=cfg.buffer.commit_interval_ms if linger_ms is None
+                          else linger_ms)
+    committer.start()
+    runtime = Runtime(cfg, store, committer, registry)
+    server = HttpServer(runtime, create_app(runtime))
+    server.start()
+    runtime.set_phase(Phase.RUNNING)
+    conn.send(server.port)
+    while conn.recv() == "cpu":  # until "stop": CPU seconds this process used so far
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        conn.send(usage.ru_utime + usage.ru_stime)
+    server.stop()
+    committer.close()
+    view = registry.view()
+    stats = {s.topic: s.messages for s in store.topic_stats()}
+    conn.send({
+        "buffered": stats.get(TOPIC, 0),
+        "commits": view.total("buffer_commits"),
+        "commit_p99": view.histogram("buffer_commit_seconds").quantile(0.99),
+        "rss_kb": _rss_kb(os.getpid()),
+    })
+    store.close()
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+# -- load generator ------------------------------------------------------------------------
+class _Client(asyncio.Protocol):
+    def __init__(self, request: bytes, deadline: float, results: dict[str, Any],
+                 done: asyncio.Future[None]) -> None:
+        self.request = request
+        self.deadline = deadline
+        self.results = results
+        self.done = done
+        self.buf = b""
+        self.sent_at = 0.0
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self._send()
+
+    def _send(self) -> None:
+        assert self.transport is not None
+        self.sent_at = time.perf_counter()
+        self.transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        m = _LENGTH.search(self.buf, 0, end)
+        length = int(m.group(1)) if m else 0
+        if len(self.buf) < end + 4 + length:
+            return
+        now = time.perf_counter()
+        status = self.buf[9:12].decode()
+        self.buf = self.buf[end + 4 + length:]
+        self.results["latencies"].append(now - self.sent_at)
+        codes = self.results["codes"]
+        codes[status] = codes.get(status, 0) + 1
+        if now < self.deadline:
+            self._send()
+        else:
+            assert self.transport is not None
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+def load(port: int, request: bytes, connections: int, seconds: float, start_at: float,
+         conn: Connection) -> None:
+    import uvloop
+
+    async def run() -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        results: dict[str, Any] = {"latencies": [], "codes": {}}
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        began = time.perf_counter()
+        deadline = began + seconds
+        dones = []
+        for _ in range(connections):
+            done: asyncio.Future[None] = loop.create_future()
+
+            def client(d: asyncio.Future[None] = done) -> _Client:
+                return _Client(request, deadline, results, d)
+
+            await loop.create_connection(client, "127.0.0.1", port)
+            dones.append(done)
+        await asyncio.gather(*dones)
+        results["elapsed"] = time.perf_counter() - began
+        return results
+
+    conn.send(uvloop.run(run()))
+
+
+def _request(path: str, body: bytes, content_type: str) -> bytes:
+    head = (f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n")
+    return head.encode() + body
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def run_mode(port: int, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    value = b"v" * args.size
+    if mode == "single":
+        path, body, ctype, per_request = f"/topics/{TOPIC}", value, "application/octet-stream", 1
+    else:
+        path, ctype, per_request = f"/topics/{TOPIC}/batch", "application/x-ndjson", args.batch
+        body = b"\n".join([value] * args.batch) + b"\n"
+    if args.client == "wrk":
+        result = _run_wrk(port, path, body, ctype, args)
+    else:
+        result = _run_python(port, _request(path, body, ctype), args)
+    ok = result.pop("ok")
+    elapsed = result["elapsed_s"]
+    return {
+        "mode": mode,
+        "client": args.client,
+        "connections": args.connections,
+        "requests": result["requests"],
+        "acknowledged_messages": ok * per_request,
+        "requests_per_s": round(result["requests"] / elapsed),
+        "messages_per_s": round(ok * per_request / elapsed),
+        **result,
+    }
+
+
+def _run_python(port: int, request: bytes, args: argparse.Namespace) -> dict[str, Any]:
+    ctx = multiprocessing.get_context("spawn")
+    start_at = time.time() + 1.0
+    per_loader = [args.connections // args.loaders + (1 if i < args.connections % args.loaders
+                                                       else 0) for i in range(args.loaders)]
+    pipes, procs = [], []
+    for n in per_loader:
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=load, args=(port, request, n, args.seconds, start_at, child))
+        p.start()
+        pipes.append(parent)
+        procs.append(p)
+    results = [pipe.recv() for pipe in pipes]
+    for p in procs:
+        p.join()
+    latencies = sorted(x for r in results for x in r["latencies"])
+    codes: dict[str, int] = {}
+    for r in results:
+        for k, v in r["codes"].items():
+            codes[k] = codes.get(k, 0) + v
+    return {
+        "requests": len(latencies),
+        "ok": codes.get("201", 0) + codes.get("202", 0),
+        "p50_ms": round(_percentile(latencies, 0.50) * 1000, 2),
+        "p90_ms": round(_percentile(latencies, 0.90) * 1000, 2),
+        "p99_ms": round(_percentile(latencies, 0.99) * 1000, 2),
+        "max_ms": round(latencies[-1] * 1000, 2) if latencies else None,
+        "codes": codes,
+        "elapsed_s": round(max(r["elapsed"] for r in results), 2),
+    }
+
+
+_WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "%(ctype)s"
+local f = io.open("%(body)s", "rb")
+wrk.body = f:read("*all")
+f:close()
+local threads = {}
+function setup(thread) table.insert(threads, thread) end
+created, accepted = 0, 0
+function response(status, headers, body)
+  if status == 201 then created = created + 1 elseif status == 202 then accepted = accepted + 1 end
+end
+done = function(summary, latency, requests)
+  local c201, c202 = 0, 0
+  for _, t in ipairs(threads) do c201 = c201 + t:get("created"); c202 = c202 + t:get("accepted") end
+  io.write(string.format("RESULT %%d %%d %%d %%d %%d %%d %%d %%d %%d %%d\\n", summary.requests,
+    summary.duration, latency:percentile(50), latency:percentile(90), latency:percentile(99),
+    latency.max, summary.errors.status, summary.errors.connect + summary.errors.read
+    + summary.errors.write + summary.errors.timeout, c201, c202))
+end
+"""
+
+
+def _run_wrk(port: int, path: str, body: bytes, ctype: str, args: argparse.Namespace
+             ) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        body_file = Path(tmp) / "body"
+        body_file.write_bytes(body)
+        script = Path(tmp) / "post.lua"
+        script.write_text(_WRK_SCRIPT % {"ctype": ctype, "body": body_file})
+        out = subprocess.run(
+            ["wrk", "-t1", f"-c{args.connections}", f"-d{args.seconds:g}s", "--timeout", "10s",
+             "-s", str(script), f"http://127.0.0.1:{port}{path}"],
+            capture_output=True, text=True, check=True).stdout
+    line = next(x for x in out.splitlines() if x.startswith("RESULT "))
+    (requests, duration, p50, p90, p99, top, bad_status, socket_errors, created,
+     accepted) = map(int, line.split()[1:])
+    return {
+        "requests": requests,
+        "ok": created + accepted,
+        "p50_ms": round(p50 / 1000, 2),
+        "p90_ms": round(p90 / 1000, 2),
+        "p99_ms": round(p99 / 1000, 2),
+        "max_ms": round(top / 1000, 2),
+        "codes": {"201": created, "202": accepted, "other": requests - created - accepted,
+                  "socket_errors": socket_errors},
+        "elapsed_s": round(duration / 1e6, 2),
+    }
+
+
+def _ensure_wrk() -> bool:
+    """wrk (C, from Debian) loads the server without taking a core's worth of Python."""
+    if shutil.which("wrk"):
+        return True
+    if os.geteuid() != 0:
+        return False
+    print("bench_http: installing wrk from Debian", file=sys.stderr)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    ok = subprocess.run(["apt-get", "update", "-qq"], env=env).returncode == 0 and \
+        subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], env=env).returncode == 0
+    return ok and shutil.which("wrk") is not None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mode", choices=["single", "batch", "both"], default="both")
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--connections", type=int, default=50)
+    ap.add_argument("--size", type=int, default=200)
+    ap.add_argument("--batch", type=int, default=1000, help="messages per batch request")
+    ap.add_argument("--client", choices=["wrk", "python"], default="wrk",
+                    help="load generator: wrk (installed from Debian if missing) or the "
+                    "built-in asyncio one (falls back to it when wrk cannot be had)")
+    ap.add_argument("--loaders", type=int, default=1,
+                    help="processes of the python load generator")
+    ap.add_argument("--dir", default=str(Path(__file__).resolve().parent.parent),
+                    help="where the buffer lives (its disk decides the fsync cost)")
+    ap.add_argument("--linger-ms", type=float, default=None,
+                    help="the group commit's linger (default: buffer.commit_interval_ms, 2)")
+    ap.add_argument("--switch-interval", type=float, default=None,
+                    help="sys.setswitchinterval() of the server process (default 0.005 s)")
+    ap.add_argument("--kafka", action="store_true",
+                    help="full agent + tansu broker; topic ack_timeout_ms=65 (201 path)")
+    args = ap.parse_args()
+    if args.client == "wrk" and not _ensure_wrk():
+        print("bench_http: wrk unavailable; using the python load generator", file=sys.stderr)
+        args.client = "python"
+    modes = ["single", "batch"] if args.mode == "both" else [args.mode]
+    print(f"bench_http: {os.cpu_count()} CPUs, {args.connections} connections, "
+          f"{args.size}-byte bodies, {args.seconds:g} s per mode, client {args.client}, "
+          f"buffer under {args.dir}")
+    if args.kafka:
+        _with_kafka(modes, args)
+        return
+    total_acked = 0
+    in_flight_max = sum(args.connections * (args.batch if m == "batch" else 1) for m in modes)
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        ctx = multiprocessing.get_context("spawn")
+        parent, child = ctx.Pipe()
+        server = ctx.Process(target=serve, args=(str(Path(tmp) / "buffer"), child,
+                                                 args.linger_ms, args.switch_interval))
+        server.start()
+        port = parent.recv()
+        try:
+            for mode in modes:
+                parent.send("cpu")
+                before = parent.recv()
+                result = run_mode(port, mode, args)
+                parent.send("cpu")
+                used = parent.recv() - before
+                # CPU the server spent per request: what the machine's other load cannot skew.
+                result["server_cpu_us_per_request"] = round(used / result["requests"] * 1e6, 1)
+                result["server_cpu_busy"] = round(used / result["elapsed_s"], 2)
+                total_acked += result["acknowledged_messages"]
+                print(json.dumps(result))
+        finally:
+            parent.send("stop")
+            summary = parent.recv()
+            server.join(30)
+        summary["acknowledged"] = total_acked
+        # Requests still in flight when the load generator stopped were committed but their
+        # answers not counted: at most one request per connection per mode.
+        summary["committed_unanswered"] = summary["buffered"] - total_acked
+        print(json.dumps({"server": summary}))
+        if not 0 <= summary["committed_unanswered"] <= in_flight_max:
+            sys.exit(f"MISMATCH: {total_acked} acknowledged, {summary['buffered']} buffered")
+
+
+def _with_kafka(modes: list[str], args: argparse.Namespace) -> None:
+    from tests.agent_harness import AgentProcess, wait_drained, write_config
+    from tests.kafka import Broker, create_topic, read_topic
+
+    with tempfile.TemporaryDirectory() as tmp, \
+            Broker(log_path=Path(tmp) / "tansu.log") as broker:
+        create_topic(broker.bootstrap, TOPIC, 8)
+        path = write_config(Path(tmp) / "agent", broker.bootstrap,
+                            buffer={"max_bytes": 8 * 1024**3})
+        agent = AgentProcess(path).start()
+        try:
+            port = agent.config.http.port
+            total = 0
+            for mode in modes:
+                result = run_mode(port, mode, args)
+                total += result["acknowledged_messages"]
+                print(json.dumps(result))
+            wait_drained(agent, timeout=600)
+        finally:
+            agent.terminate()
+        delivered = len(read_topic(broker.bootstrap, TOPIC, timeout=300))
+        # Requests in flight when the load stopped were stored too, unanswered (<= 1 per
+        # connection per mode); duplicates are possible only after a crash.
+        print(json.dumps({"acknowledged": total, "in_kafka": delivered}))
+        if delivered < total:
+            sys.exit(f"MISSING: {total} acknowledged, {delivered} in Kafka")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""DeliveryWatcher: which ids it looks up, and when it answers (pure logic, scripted states)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agent.ingest.http.delivery import DeliveryWatcher
+
+
+class States:
+    def __init__(self, states: dict[bytes, str]) -> None:
+        self.states = states
+        self.looked: list[bytes] = []
+
+    def __call__(self, message_id: bytes) -> str | None:
+        self.looked.append(message_id)
+        return self.states.get(message_id)
+
+
+def run(coro: object) -> object:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def test_delivered_ids_answer_true_and_undelivered_time_out() -> None:
+    states = States({b"a": "delivered", b"b": "buffered"})
+    watcher = DeliveryWatcher(states, interval=0.001)
+
+    async def main() -> tuple[bool, bool]:
+        done = await asyncio.gather(watcher.wait("t", [b"a"], 5.0),
+                                    watcher.wait("u", [b"b"], 0.05))
+        return done[0], done[1]
+
+    assert run(main()) == (True, False)
+    watcher.close()
+
+
+def test_a_discard_answers_false_at_once() -> None:
+    watcher = DeliveryWatcher(States({b"a": "discarded"}), interval=0.001)
+    assert run(watcher.wait("t", [b"a"], 30.0)) is False
+    watcher.close()
+
+
+def test_per_topic_lookups_stop_at_the_oldest_still_buffered_id() -> None:
+    # 'a' (older) is stuck; 'b' was delivered out of order: only full rounds look past 'a'.
+    states = States({b"a": "buffered", b"b": "delivered"})
+    watcher = DeliveryWatcher(states, interval=0.001, full_every=5)
+
+    async def main() -> tuple[bool, bool]:
+        stuck = asyncio.ensure_future(watcher.wait("t", [b"a"], 0.2))
+        late = await watcher.wait("t", [b"b"], 5.0)
+        return late, await stuck
+
+    assert run(main()) == (True, False)
+    rounds = states.looked.count(b"a")
+    assert states.looked.count(b"b") <= rounds // 5 + 1
+    watcher.close()
+
+
+def test_release_all_answers_every_wait_now() -> None:
+    watcher = DeliveryWatcher(States({}), interval=0.001, active=lambda: False)
+    assert run(watcher.wait("t", [b"a"], 30.0)) is False
+    watcher.close()
+
+
+def test_no_wait_without_a_timeout_or_ids() -> None:
+    watcher = DeliveryWatcher(States({b"a": "delivered"}))
+    assert run(watcher.wait("t", [b"a"], 0)) is False
+    assert run(watcher.wait("t", [], 1.0)) is False
+    watcher.close()

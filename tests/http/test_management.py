@@ -1,0 +1,188 @@
+"""Topic management over HTTP: lifecycle, read-only config topics, validation, the token."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+
+from agent.ingest.http.topics import TopicCatalog
+from tests.http.harness import Served
+
+AVRO = {"type": "record", "name": "R", "fields": [{"name": "a", "type": "int"}]}
+
+
+@pytest.fixture
+def managed(serve: Callable[..., Served]) -> Served:
+    return serve(topics={"fixed": {"acks": "all", "ack_timeout_ms": 0}})
+
+
+def test_topic_lifecycle(managed: Served) -> None:
+    c = managed.client
+    r = c.post("/topics", json={"name": "orders", "acks": "all", "max_message_bytes": 10,
+                                "ack_timeout_ms": 0})
+    assert r.status_code == 201
+    assert r.headers["Location"] == "/topics/orders"
+    doc = r.json()
+    assert doc["name"] == "orders" and doc["origin"] == "api" and doc["read_only"] is False
+    assert doc["acks"] == "all" and doc["max_message_bytes"] == 10
+    # Unset settings come from [topics.default].
+    assert doc["ack_timeout_ms"] == 0 and doc["ttl_seconds"] == 7 * 24 * 3600
+    assert c.get("/topics/orders").json() == doc
+    names = {t["name"]: t for t in c.get("/topics").json()["topics"]}
+    assert set(names) == {"fixed", "orders"}
+    assert names["fixed"]["read_only"] is True and names["fixed"]["origin"] == "config"
+
+    # The settings apply to publishing at once.
+    assert c.post("/topics/orders", content=b"x" * 11).status_code == 413
+    r = c.put("/topics/orders", json={"max_message_bytes": 100})
+    assert r.status_code == 200
+    assert r.json()["max_message_bytes"] == 100 and r.json()["acks"] == "all"
+    assert c.post("/topics/orders", content=b"x" * 11).status_code == 202
+
+    r = c.delete("/topics/orders")
+    assert r.status_code == 200
+    assert r.json() == {"name": "orders", "deleted": True, "generation": 1}
+    assert c.get("/topics/orders").status_code == 404
+    assert c.delete("/topics/orders").status_code == 404
+
+
+def test_delete_bumps_the_generation_of_buffered_messages(managed: Served) -> None:
+    c = managed.client
+    c.post("/topics", json={"name": "g"})
+    assert c.post("/topics/g", content=b"old").status_code == 202
+    assert c.delete("/topics/g").status_code == 200
+    assert c.post("/topics/g", content=b"new").status_code == 202  # auto-created again
+    [old, new] = managed.messages("g")
+    assert managed.store.generation("g") == 1
+    # The forwarder discards (and counts) messages of an older generation; never sends them.
+    assert (old.generation, new.generation) == (0, 1)
+
+
+def test_put_defines_a_missing_topic(managed: Served) -> None:
+    r = managed.client.put("/topics/fresh", json={"content_type": "json"})
+    assert r.status_code == 201
+    assert r.json()["content_type"] == "json"
+    assert managed.client.post("/topics/fresh", content=b"{bad").status_code == 400
+
+
+def test_config_topics_are_read_only(managed: Served) -> None:
+    c = managed.client
+    for r in (c.post("/topics", json={"name": "fixed"}),
+              c.put("/topics/fixed", json={"acks": "leader"}),
+              c.delete("/topics/fixed"),
+              c.put("/topics/default", json={"acks": "all"})):
+        assert r.status_code == 409, r.text
+        assert r.json()["error"] == "read_only"
+    assert c.get("/topics/fixed").json()["acks"] == "all"
+
+
+def test_creating_an_existing_topic_is_409(managed: Served) -> None:
+    assert managed.client.post("/topics", json={"name": "dup"}).status_code == 201
+    r = managed.client.post("/topics", json={"name": "dup", "acks": "all"})
+    assert r.status_code == 409 and r.json()["error"] == "topic_exists"
+
+
+@pytest.mark.parametrize(("body", "why"), [
+    ({"name": "x", "colour": "red"}, "unknown topic setting 'colour'"),
+    ({"name": "x", "acks": "some"}, "acks"),
+    ({"name": "x", "ttl_seconds": "5"}, "ttl_seconds"),
+    ({"name": "x", "ttl_seconds": 0}, "ttl_seconds"),
+    ({"name": "x", "ack_timeout_ms": 60_001}, "ack_timeout_ms"),
+    ({"name": "x", "content_type": "avro"}, "needs a schema"),
+    ({"name": "x", "content_type": "avro", "schema": "{not json"}, "not JSON"),
+    ({"name": "x", "content_type": "avro", "schema": {"type": "record"}}, "Avro schema"),
+    ({"name": "x", "content_type": "json", "schema": {"type": 5}}, "JSON Schema"),
+    ({"acks": "all"}, '"name"'),
+    ({"name": "no spaces"}, "legal Kafka topic name"),
+])
+def test_invalid_definitions_are_400(managed: Served, body: dict[str, object], why: str
+                                     ) -> None:
+    r = managed.client.post("/topics", json=body)
+    assert r.status_code == 400, r.text
+    assert why in r.json()["message"]
+    assert managed.client.get("/topics/x").status_code == 404
+
+
+def test_schema_may_be_given_as_an_object(managed: Served) -> None:
+    r = managed.client.post("/topics", json={"name": "av", "content_type": "avro",
+                                             "schema": AVRO, "ack_timeout_ms": 0})
+    assert r.status_code == 201
+    assert json.loads(r.json()["schema"]) == AVRO
+    assert managed.client.post("/topics/av", json={"a": 1}).status_code == 202
+    assert managed.client.post("/topics/av", json={"a": "x"}).status_code == 400
+
+
+@pytest.mark.parametrize(("content", "ctype", "status"), [
+    (b"[1]", "application/json", 400),
+    (b"{", "application/json", 400),
+    (b"name=x", "application/x-www-form-urlencoded", 415),
+])
+def test_bad_bodies(managed: Served, content: bytes, ctype: str, status: int) -> None:
+    r = managed.client.post("/topics", content=content, headers={"Content-Type": ctype})
+    assert r.status_code == status
+    assert set(r.json()) == {"error", "message"}
+
+
+def test_oversized_definition_is_413(managed: Served) -> None:
+    r = managed.client.post("/topics", content=b'{"name": "x", "schema": "' + b"a" * 2_000_000
+                            + b'"}', headers={"Content-Type": "application/json"})
+    assert r.status_code == 413
+
+
+def test_put_cannot_rename(managed: Served) -> None:
+    r = managed.client.put("/topics/a", json={"name": "b"})
+    assert r.status_code == 400
+
+
+def test_management_needs_the_token_when_one_is_set(serve: Callable[..., Served]) -> None:
+    served = serve(http={"management_token": "s3cret"})
+    c = served.client
+    for r in (c.get("/topics"), c.post("/topics", json={"name": "x"}),
+              c.get("/topics/x", headers={"Authorization": "Bearer wrong"}),
+              c.delete("/topics/x", headers={"Authorization": "Basic s3cret"})):
+        assert r.status_code == 401
+        assert r.headers["WWW-Authenticate"].startswith("Bearer")
+        assert r.json()["error"] == "unauthorized"
+    auth = {"Authorization": "Bearer s3cret"}
+    assert c.post("/topics", json={"name": "x"}, headers=auth).status_code == 201
+    assert c.get("/topics", headers=auth).status_code == 200
+    # Publishing is not management: no token needed.
+    assert c.post("/topics/x", content=b"v").status_code == 202
+    assert served.counter("http_requests", route="/topics", status="401") == 2
+
+
+def test_another_process_sees_api_topics(managed: Served) -> None:
+    """The forwarder process reads API-managed settings through its own TopicCatalog."""
+    managed.client.post("/topics", json={"name": "shared", "acks": "all", "ttl_seconds": 60,
+                                         "fallback_to_remote": True})
+    script = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from agent.buffer.store import Store\n"
+        "from agent.config import FerryConfig\n"
+        "from agent.ingest.http.topics import TopicCatalog\n"
+        "store = Store(Path(sys.argv[1]), 1 << 30)\n"
+        "cat = TopicCatalog(FerryConfig(), store)\n"
+        "s = cat.settings('shared')\n"
+        "print(json.dumps([s.acks, s.ttl_seconds, s.fallback_to_remote,"
+        " cat.settings('other').acks]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script, str(managed.store.path)],
+                         capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(out.stdout) == ["all", 60, True, "leader"]
+
+
+def test_catalog_sees_changes_from_another_catalog_after_refresh(managed: Served) -> None:
+    now = [0.0]
+    other = TopicCatalog(managed.runtime.config, managed.store, refresh_seconds=1.0,
+                         clock=lambda: now[0])
+    assert other.entry("late") is None
+    managed.client.post("/topics", json={"name": "late", "acks": "all"})
+    assert other.entry("late") is None  # cached: the version key is read once a second
+    now[0] += 1.0
+    entry = other.entry("late")
+    assert entry is not None and entry.settings.acks == "all"
