@@ -42,7 +42,7 @@ class BufferConfig(_Section):
     max_bytes: int = Field(default=10 * 1024**3, ge=1024 * 1024)
     # Longest a message waits for the group commit it rides in; the batch is cut earlier when
     # the writer is idle, so this only matters under load.
-    commit_interval_ms: float = Field(default=2.0, ge=0, le=1000)
+    commit_interval_ms: float = Field(default=0.0, ge=0, le=1000)
     commit_max_messages: int = Field(default=20000, ge=1)
     discard_log: Path | None = None  # default: <buffer.path>/discards.jsonl
 

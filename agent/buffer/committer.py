@@ -44,6 +44,7 @@ class _Submission:
     state_puts: Mapping[bytes, bytes] | None = None
     state_deletes: Sequence[bytes] = ()
     weight: int = 0
+    derive: Callable[[list[bytes]], Mapping[bytes, bytes]] | None = None
 
 
 @dataclass
@@ -98,6 +99,7 @@ class Committer:
         *,
         state_puts: Mapping[bytes, bytes] | None = None,
         state_deletes: Sequence[bytes] = (),
+        state_from_ids: Callable[[list[bytes]], Mapping[bytes, bytes]] | None = None,
         block: bool = True,
     ) -> bool:
         """Queue a group for the next commit. The group is stored entirely or not at all.
@@ -106,7 +108,8 @@ class Committer:
         whose senders should feel back-pressure) or returns False at once.
         """
         weight = sum(r.size for r in records) + 64 * len(records)
-        sub = _Submission(records, source, callback, state_puts, state_deletes, weight)
+        sub = _Submission(records, source, callback, state_puts, state_deletes, weight,
+                          state_from_ids)
         with self._cond:
             while self._pending_bytes > self.max_pending_bytes and not self._closed:
                 if not block:
@@ -179,8 +182,8 @@ class Committer:
             self._commit(taken)
 
     def _commit(self, taken: list[_Submission]) -> None:
-        states = [StateChange(s.state_puts or {}, s.state_deletes)
-                  if s.state_puts or s.state_deletes else None for s in taken]
+        states = [StateChange(s.state_puts or {}, s.state_deletes, s.derive)
+                  if s.state_puts or s.state_deletes or s.derive else None for s in taken]
         started = time.perf_counter()
         results: list[Result]
         try:

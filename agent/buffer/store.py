@@ -23,7 +23,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +74,9 @@ class StateChange:
 
     puts: Mapping[bytes, bytes] = field(default_factory=dict)
     deletes: Sequence[bytes] = ()
+    # State that depends on the ids the group is given inside the transaction (an
+    # idempotency key's answer): called with them, its result is written with the group.
+    derive: Callable[[list[bytes]], Mapping[bytes, bytes]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,6 +361,9 @@ class Store:
                         txn.put(sk, sv, db=self._state)
                     for sk in change.deletes:
                         txn.delete(sk, db=self._state)
+                    if change.derive is not None:
+                        for sk, sv in change.derive(ids).items():
+                            txn.put(sk, sv, db=self._state)
             counts = {topic: [t[2], t[3]] for topic, t in per_topic.items() if t[2]}
             if items:
                 with txn.cursor(self._messages) as cur:

@@ -540,3 +540,20 @@ def test_a_map_grown_by_another_process_is_adopted(tmp_path: Path) -> None:
         ids_of(s.append([[Record("t", b"parent-last")]]))
         assert values(s, "t")[-1] == b"parent-last"
         assert s.map_size() >= child_map
+
+
+def test_state_derived_from_ids_commits_with_its_group_only(tmp_path: Path) -> None:
+    # Idempotency keys store the answer (which holds the ids) in the messages' transaction.
+    with Store(tmp_path / "buffer", MB, initial_map_bytes=MB) as store:
+        def answer(name: bytes) -> StateChange:
+            return StateChange(derive=lambda ids: {b"idem:" + name: b",".join(ids)})
+
+        results = store.append(
+            [[Record("t", b"ok")], [Record("t", b"x" * (2 * MB))], [Record("t", b"ok2")]],
+            states=[answer(b"a"), answer(b"b"), answer(b"c")])
+        assert isinstance(results[1], BufferFull)
+        ids_a, ids_c = results[0], results[2]
+        assert isinstance(ids_a, list) and isinstance(ids_c, list)
+        assert store.get_state(b"idem:a") == ids_a[0]
+        assert store.get_state(b"idem:b") is None
+        assert store.get_state(b"idem:c") == ids_c[0]

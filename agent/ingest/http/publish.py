@@ -259,9 +259,14 @@ class Publisher:
         assert self._loop is not None
         gate: asyncio.Future[None] = self._loop.create_future()
         self._inflight[state_key] = gate
+        key = state_key
+
+        def remember(ids: list[bytes]) -> dict[bytes, bytes]:
+            # Runs in the commit that stores the messages: both or neither are on disk.
+            return self.idempotency.puts(key, idem.Entry(ts, fingerprint, ids, batch))
+
         try:
-            ids = await self._commit(records)
-            await self._remember(state_key, idem.Entry(ts, fingerprint, ids, batch))
+            ids = await self._commit(records, remember)
         finally:
             if self._inflight.get(state_key) is gate:
                 del self._inflight[state_key]
@@ -301,13 +306,17 @@ class Publisher:
             return parts[0]
         return b"".join(parts)
 
-    async def _commit(self, records: list[Record]) -> list[bytes]:
+    async def _commit(
+        self,
+        records: list[Record],
+        state_from_ids: Callable[[list[bytes]], dict[bytes, bytes]] | None = None,
+    ) -> list[bytes]:
         bridge, _ = self._bind()
         assert self._loop is not None
         future: asyncio.Future[Any] = self._loop.create_future()
         try:
             queued = self.committer.submit(records, Source.HTTP, bridge.callback(future),
-                                           block=False)
+                                           state_from_ids=state_from_ids, block=False)
         except ShuttingDown:
             raise _not_accepting(Phase.STOPPING, count=len(records)) from None
         if not queued:
@@ -331,29 +340,6 @@ class Publisher:
                             retry_after=RETRY_FULL, count=len(records))
         ids: list[bytes] = result
         return ids
-
-    async def _remember(self, state_key: bytes, entry: idem.Entry) -> None:
-        """Commit the idempotency entry of messages just stored (see docs/http.md)."""
-        bridge, _ = self._bind()
-        assert self._loop is not None
-        puts = self.idempotency.puts(state_key, entry)
-        future: asyncio.Future[Any] = self._loop.create_future()
-        try:
-            queued = self.committer.submit([], Source.HTTP, bridge.callback(future),
-                                           state_puts=puts, block=False)
-            if queued:
-                result = await future
-            else:
-                result = await self._loop.run_in_executor(
-                    None, lambda: self.committer.commit([], Source.HTTP, state_puts=puts))
-        except ShuttingDown as exc:
-            result = BufferUnavailable("shutting_down", str(exc))
-        if not isinstance(result, list):
-            # The messages are stored and will be answered 201/202; only a retry of this
-            # request could now store them a second time.
-            log.warning("could not record Idempotency-Key %r: %s", state_key[:80], result)
-        if self.idempotency.prune_due():
-            self._loop.run_in_executor(None, self._prune)
 
     def _prune(self) -> None:
         try:
