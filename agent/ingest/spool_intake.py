@@ -185,6 +185,7 @@ class SpoolIntake:
             # A batch must fit in an empty buffer, or it could never be committed.
             limit = self.runtime.config.buffer.max_bytes
             max_batch_bytes = max(64 * 1024, min(8 << 20, limit // 8))
+            in_flight: tuple[_Pending, list[Record], dict[bytes, bytes]] | None = None
             for batch, next_index in _batches(records, BATCH, max_batch_bytes):
                 done = next_index >= count
                 doc = {"identity": _ident_doc(ident), "next": next_index, "done": done,
@@ -193,8 +194,14 @@ class SpoolIntake:
                 if done and binary:
                     puts[self._key(SEEN, index, root, path)] = json.dumps(
                         {"size": ident.size, "count": count, "at": time.time()}).encode()
-                if not self._commit(batch, puts):
+                # Submit this batch only once the previous one is known to be stored, so a
+                # refused batch can never be overtaken by a later one; reading this batch
+                # overlapped with committing the previous one.
+                if in_flight is not None and not self._settle(*in_flight):
                     return False
+                in_flight = (self._submit(batch, puts), batch, puts)
+            if in_flight is not None and not self._settle(*in_flight):
+                return False
             if count == 0 or start >= count:
                 doc = {"identity": _ident_doc(ident), "next": count, "done": True,
                        "count": count}
@@ -210,6 +217,18 @@ class SpoolIntake:
         self._finish(root, path, key)
         self.registry.inc("spool_files_ingested")
         return True
+
+    def _submit(self, batch: list[Record], puts: dict[bytes, bytes]) -> _Pending:
+        pending = _Pending()
+        self.committer.submit(batch, Source.SPOOL, pending.done, state_puts=puts)
+        return pending
+
+    def _settle(self, pending: _Pending, batch: list[Record], puts: dict[bytes, bytes]) -> bool:
+        """Wait for a submitted batch; if it was refused, commit it again until it is in."""
+        pending.event.wait()
+        if isinstance(pending.result, list):
+            return True
+        return self._commit(batch, puts)
 
     def _commit(self, batch: list[Record], puts: dict[bytes, bytes]) -> bool:
         """Commit one batch with its progress; waits while the buffer is full."""
@@ -285,6 +304,18 @@ class SpoolIntake:
                 with contextlib.suppress(OSError):
                     stale.unlink()
                     log.info("deleted stale temporary spool file %s", stale)
+
+
+class _Pending:
+    """A submitted batch's outcome, filled in by the writer thread."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.result: object = None
+
+    def done(self, result: object) -> None:
+        self.result = result
+        self.event.set()
 
 
 def _batches(
