@@ -12,10 +12,11 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import signal
 import socket
 import threading
 import time
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
@@ -100,9 +101,18 @@ class ForwarderHandle:
             with contextlib.suppress(OSError):
                 conn.send("stop")
         if proc is not None:
-            proc.join(timeout)
-            if proc.is_alive():
+            # Wait on the sentinel (closed when the child exits), not on is_alive(): the
+            # watch thread polls the same child, and two threads calling waitpid() can leave
+            # one of them believing a finished child still runs.
+            exited = bool(wait([proc.sentinel], timeout))
+            if exited:
+                proc.join(1.0)
+            else:
                 log.error("forwarder did not stop in %.0f s; killing it", timeout)
+                if proc.pid is not None:
+                    with contextlib.suppress(OSError):
+                        os.kill(proc.pid, signal.SIGUSR1)  # its stacks, for the log
+                    proc.join(1.0)
                 proc.kill()
                 proc.join(5)
         if self._thread.is_alive():
@@ -187,10 +197,9 @@ class Agent:
 
 
 def _http_stage(runtime: Runtime) -> Stage:
-    from status.routes import routes
-
     from agent.ingest.http.app import create_app
     from agent.ingest.http.server import HttpServer
+    from status.routes import routes
 
     server: Stage = HttpServer(runtime, create_app(runtime, routes(runtime)))
     return server
@@ -227,7 +236,6 @@ def sd_notify(message: str) -> None:
 
 
 def run_until_signalled(agent: Agent) -> None:
-    import signal
 
     stop = threading.Event()
 

@@ -133,6 +133,7 @@ class Cluster:
             deadline = time.monotonic() + 2.0
             while len(old) > 0 and time.monotonic() < deadline:
                 old.poll(0.05)
+            old.close()
 
     def _error(self, err: KafkaError) -> None:
         if err.code() == KafkaError._ALL_BROKERS_DOWN:
@@ -245,5 +246,12 @@ class Cluster:
             # purge it so librdkafka does not hold the process up trying to deliver it.
             p.purge(in_queue=True, in_flight=True)
             p.flush(0)
+        # The metadata thread uses the producers: let its last lookup end first.
         if self._thread.is_alive():
-            self._thread.join(max(deadline - time.monotonic(), 0.1))
+            self._thread.join(METADATA_TIMEOUT + 0.5)
+        if not self._thread.is_alive():
+            for p in self._producers.values():
+                # Close while the interpreter is whole: a producer destroyed at exit can hang
+                # when librdkafka calls back into Python (the logger) during teardown.
+                p.close()
+            self._producers.clear()

@@ -8,8 +8,11 @@ to (or when the pipe closes, i.e. its parent died).
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
+import os
 import signal
+import sys
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -29,6 +32,8 @@ SNAPSHOT_INTERVAL = 0.25
 def main(config_data: dict[str, Any], conn: Connection) -> None:
     config = FerryConfig.model_validate(config_data)
     setup_logging(config.log_level, process="forwarder")
+    # `kill -USR1 <pid>` prints every thread's stack to the journal: for a stuck forwarder.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # The parent handles SIGINT/SIGTERM and tells us to stop over the pipe.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -65,6 +70,12 @@ def main(config_data: dict[str, Any], conn: Connection) -> None:
         except (EOFError, OSError):
             pass
         log.info("forwarder stopped")
+    # Everything that matters is in LMDB (closed above). Skip interpreter teardown: tearing
+    # down librdkafka handles during finalisation was seen to hang the exit now and then.
+    # (No logging.shutdown(): it takes handler locks a librdkafka thread may hold.)
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(0)
 
 
 def _topic_settings(config: FerryConfig, store: Store) -> Any:
