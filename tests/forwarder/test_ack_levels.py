@@ -36,7 +36,7 @@ def test_each_ack_level_builds_a_working_producer_with_its_guarantees(
         producer = Producer(conf)  # raises if librdkafka finds the settings inconsistent
         errors: list[object] = []
         producer.produce(unique_topic, name.encode(),
-                         on_delivery=lambda err, _msg: errors.append(err))
+                         on_delivery=lambda err, _msg, into=errors: into.append(err))
         assert producer.flush(20) == 0
         assert errors == [None]
     got = consume_all(session_broker.bootstrap, unique_topic, 2, timeout=20)
