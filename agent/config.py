@@ -136,7 +136,9 @@ class ForwarderConfig(_Section):
     retry_backoff_max_ms: int = Field(default=5000, ge=1)
     max_in_flight_messages: int = Field(default=200_000, ge=1)
     # A message Kafka has not acknowledged in this time is reported failed and sent again.
-    message_timeout_ms: int = Field(default=30_000, ge=1000)
+    # Until then librdkafka keeps it queued in order: per-key order within a cluster holds
+    # across any outage shorter than this.
+    message_timeout_ms: int = Field(default=300_000, ge=1000)
 
 
 class StatusConfig(_Section):

@@ -454,6 +454,15 @@ class JsonLinesReader(_LinesReader):
     def _record(self, line: bytes, lineno: int) -> SpoolRecord:
         where = f"{self.path}: line {lineno}"
         try:
+            return self._decode(line, where)
+        except RecursionError:
+            raise SpoolFormatError(f"{where}: JSON nested too deeply") from None
+        except UnicodeError as exc:
+            # e.g. a lone surrogate escape (\ud800): valid JSON, not encodable as UTF-8.
+            raise SpoolFormatError(f"{where}: text that is not valid Unicode ({exc})") from None
+
+    def _decode(self, line: bytes, where: str) -> SpoolRecord:
+        try:
             obj = json.loads(line)
         except ValueError as exc:
             raise SpoolFormatError(f"{where}: not valid JSON ({exc})") from None

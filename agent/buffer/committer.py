@@ -88,7 +88,13 @@ class Committer:
 
     @property
     def full(self) -> bool:
-        """True after a refusal for lack of space, until a commit succeeds again."""
+        """True after a refusal for lack of space, until there is room again.
+
+        Room comes back as the forwarder deletes; re-checking here (not only at the next
+        commit) lets /status/ready recover by itself, so load balancers send traffic again."""
+        if self._full and self.store.used_bytes() < self.store.max_bytes * 0.9:
+            self._full = False
+            self.registry.set("buffer_full", 0.0)
         return self._full
 
     def submit(

@@ -181,6 +181,10 @@ class SpoolIntake:
             except OSError as exc:
                 log.warning("cannot read spool file %s: %s", path, exc)
                 return False
+            except Exception as exc:  # noqa: BLE001 - a reader bug must not block the spool
+                log.exception("spool file %s could not be read", path)
+                self._quarantine(root, path, key, "unreadable", f"{type(exc).__name__}: {exc}")
+                return False
             records = reader.iter_records(start, verify_first=False)
             # A batch must fit in an empty buffer, or it could never be committed.
             limit = self.runtime.config.buffer.max_bytes
