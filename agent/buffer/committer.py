@@ -81,6 +81,7 @@ class Committer:
         self._pending_bytes = 0
         self._closed = False
         self._full = False
+        self._used_at_refusal = 0
         self._thread = threading.Thread(target=self._run, name=f"committer-{name}", daemon=True)
 
     def start(self) -> None:
@@ -92,7 +93,7 @@ class Committer:
 
         Room comes back as the forwarder deletes; re-checking here (not only at the next
         commit) lets /status/ready recover by itself, so load balancers send traffic again."""
-        if self._full and self.store.used_bytes() < self.store.max_bytes * 0.9:
+        if self._full and self.store.used_bytes() < self._used_at_refusal * 0.9:
             self._full = False
             self.registry.set("buffer_full", 0.0)
         return self._full
@@ -197,10 +198,13 @@ class Committer:
             results = list(appended)
             self._full = any(isinstance(r, BufferFull) and not isinstance(r, InvalidGroup)
                              for r in results)
+            if self._full:
+                self._used_at_refusal = self.store.used_bytes()
         except (BufferFull, BufferUnavailable) as exc:
             # The transaction was aborted: nothing of it is on disk.
             results = [exc] * len(taken)
             self._full = True
+            self._used_at_refusal = self.store.used_bytes()
             log.warning("buffer refused %d messages: %s",
                         sum(len(s.records) for s in taken), exc)
         except Exception as exc:  # noqa: BLE001 - never let the writer thread die silently

@@ -170,6 +170,10 @@ class Store:
         self.map_cap = max_bytes + max(int(max_bytes * _HEADROOM_FRACTION), _HEADROOM_MIN)
         self.track = track
         self.track_seconds = track_seconds
+        # Tracking lives in the map's headroom, outside max_bytes: cap it by count so that it
+        # can never fill the map (which would block even the forwarder's deletes). A quarter
+        # of the headroom at ~512 bytes an entry (a long topic name is in each).
+        self.max_tracking = max(10_000, (self.map_cap - max_bytes) // 4 // 512)
         if not readonly:
             path.mkdir(parents=True, exist_ok=True)
         existing = path / "data.mdb"
@@ -515,18 +519,23 @@ class Store:
                     txn.put(o.key[-keys.ID_LEN:], _pack_outcome(o, now_ms), db=tracking)
             self._adjust_counts(txn, counts, -1)
             if self.track:
-                self._prune_tracking(txn, now_ms)
+                self._prune_tracking(txn, now_ms, len(outcomes))
             return removed
 
         result: list[bool] = self._write(body)
         return result
 
-    def _prune_tracking(self, txn: lmdb.Transaction, now_ms: int, limit: int = 2000) -> None:
+    def _prune_tracking(self, txn: lmdb.Transaction, now_ms: int, added: int) -> None:
+        """Forget the oldest tracking entries: those past ``track_seconds``, and any beyond
+        ``max_tracking``. Removes at least as many as this transaction added when over the cap,
+        so tracking can never outgrow it."""
         # Ids start with their acceptance time, so the oldest entries are at the front.
         cutoff = keys.ID.pack(max(now_ms - self.track_seconds * 1000, 0), 0)
+        excess = int(txn.stat(self._tracking)["entries"]) - self.max_tracking
+        limit = max(2000, 2 * added)
         with txn.cursor(self._tracking) as cur:
             n = 0
-            while n < limit and cur.first() and bytes(cur.key()) < cutoff:
+            while n < limit and cur.first() and (n < excess or bytes(cur.key()) < cutoff):
                 cur.delete()
                 n += 1
 

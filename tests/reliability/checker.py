@@ -50,7 +50,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -59,8 +58,8 @@ from agent.client import FerryClient
 from spool.format import SpoolRecord
 from spool.writer import unique_file_name, write_spool_file
 from tests.agent_harness import write_config
-from tests.kafka import Broker, read_topic
-from tests.reliability.harness import Agent, metric_total
+from tests.kafka import Broker
+from tests.reliability.harness import Agent, metric_total, read_values
 from tests.waiting import wait_until
 
 INPUTS = ("http", "spool", "socket")
@@ -378,7 +377,7 @@ def run_crash_check(
                    message="buffer drained")
         agent.terminate()
     drain = time.monotonic() - final_started
-    inputs = {name: tally(ledger, name, read_topic(broker.bootstrap, topics[name], 120))
+    inputs = {name: tally(ledger, name, read_values(broker.bootstrap, topics[name]))
               for name in INPUTS}
     quarantined = list((spool_dir / "quarantine").glob("*"))
     assert not quarantined, f"spool files quarantined: {quarantined}"
@@ -437,8 +436,8 @@ def _one_life(config: Path, topics: dict[str, str], spool_dir: Path, ledger: Led
                 acked=load.acked if load else dict.fromkeys(INPUTS, 0))
 
 
-def tally(ledger: Ledger, name: str, records: list[Any]) -> InputTally:
-    counts = collections.Counter(r.value for r in records)
+def tally(ledger: Ledger, name: str, counts: collections.Counter[bytes]) -> InputTally:
+    """Compare what Kafka holds (value -> copies) with what ``name`` sent and had acked."""
     sent, acked = ledger.sent[name], ledger.acked[name]
     missing = sorted(acked - counts.keys())
     found = counts.keys()

@@ -7,17 +7,22 @@ SIGKILLs the whole group).
 
 from __future__ import annotations
 
+import collections
 import os
 import resource
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
 from tests.agent_harness import REPO_ROOT, AgentProcess
+from tests.kafka import topic_partitions
 from tests.waiting import wait_until
 
 
@@ -158,3 +163,36 @@ def metric_total(counters: dict[str, Any], name: str, **labels: str) -> float:
             if all(series["labels"].get(k) == v for k, v in labels.items()):
                 total += float(series.get("value", 0))
     return total
+
+
+def read_values(bootstrap: str, topic: str, timeout: float = 300.0) -> collections.Counter[bytes]:
+    """How many times each value is in ``topic`` now: ``tests.kafka.read_topic`` without a
+    ConsumedMessage per record, fast enough for the millions of records of a long run."""
+    counts: collections.Counter[bytes] = collections.Counter()
+    partitions = topic_partitions(bootstrap, topic, timeout=10)
+    if not partitions:
+        return counts
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": f"ferry-reliability-{uuid.uuid4().hex}",
+        "enable.auto.commit": False, "auto.offset.reset": "earliest",
+        "enable.partition.eof": True, "fetch.wait.max.ms": 20, "log_level": 0})
+    deadline = time.monotonic() + timeout
+    pending = set(partitions)
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        while pending:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{topic}: partitions {sorted(pending)} not read to the end "
+                                   f"in {timeout} s ({sum(counts.values())} records so far)")
+            for message in consumer.consume(10_000, 0.2):
+                error = message.error()
+                if error is None:
+                    counts[message.value() or b""] += 1
+                    pending.add(int(message.partition() or 0))
+                elif error.code() == KafkaError._PARTITION_EOF:
+                    pending.discard(int(message.partition() or 0))
+                elif error.fatal():
+                    raise KafkaException(error)
+    finally:
+        consumer.close()
+    return counts

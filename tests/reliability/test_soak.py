@@ -23,9 +23,9 @@ import httpx
 import pytest
 
 from tests.agent_harness import write_config
-from tests.kafka import Broker, read_topic
+from tests.kafka import Broker
 from tests.reliability.checker import INPUTS, Ledger, Load, tally
-from tests.reliability.harness import Agent, Usage, metric_total
+from tests.reliability.harness import Agent, Usage, metric_total, read_values
 from tests.waiting import wait_until
 
 SOAK_SECONDS = float(os.environ.get("FERRY_SOAK_SECONDS", "600"))
@@ -105,7 +105,7 @@ def test_soak_memory_and_descriptors_stay_flat(
         samples.append(_row(time.monotonic() - started, agent.usage(), 0))
         counters = agent.counters()
         assert agent.pids() == pids, "a process of the agent was replaced during the soak"
-    inputs = {name: tally(ledger, name, read_topic(broker.bootstrap, topics[name], 300))
+    inputs = {name: tally(ledger, name, read_values(broker.bootstrap, topics[name]))
               for name in INPUTS}
     warm = min(120.0, SOAK_SECONDS / 5)
     after_warmup = [s for s in samples if warm <= s["t"] < warm + 120]
