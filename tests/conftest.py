@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,6 +62,23 @@ def proxied_broker(tmp_path: Path) -> Iterator[tuple[Broker, TcpProxy]]:
         Broker(port, advertised_port=proxy.port, log_path=tmp_path / "tansu.log") as proxied,
     ):
         yield proxied, proxy
+
+
+# --------------------------------------------------------------------------------------------
+# Filesystems: real ones that run out of space (needs root, as CI has)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 12 MiB tmpfs mounted for this test: a real filesystem that runs out of space."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 # --------------------------------------------------------------------------------------------

@@ -5,10 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from agent.buffer.store import Store, StoredMessage
 from agent.client import FerryClient
@@ -18,18 +15,6 @@ from agent.metrics import Registry
 from tests.agent_harness import REPO_ROOT, write_config
 from tests.kafka import Broker, consume_all, read_topic
 from tests.waiting import wait_until
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 12 MiB tmpfs: a real filesystem that runs out of space."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_ttl_expiry_goes_to_the_discard_log_and_replay_delivers_it(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -204,18 +203,6 @@ def test_tracking_of_delivered_messages_never_fills_the_buffer(tmp_path: Path) -
 # --------------------------------------------------------------------------------------------
 # A full disk
 # --------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 12 MiB tmpfs: a real filesystem that runs out of space (as test_discards.py)."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_full_disk_over_http_is_503_never_500_and_recovers(
