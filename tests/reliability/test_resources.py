@@ -322,14 +322,11 @@ def test_file_descriptors_at_the_limit_socket_and_spool_keep_working_then_http_r
     assert agent.alive and _ingest_fds(agent) < NOFILE // 2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "KNOWN OPEN DEFECT (docs/reliability.md): uvicorn has no timeout for a request whose "
-    "headers never finish, so half-sent connections keep their descriptors"))
 def test_idle_connections_do_not_hold_descriptors_forever(fd_starved_agent: Agent) -> None:
     """A client that connects and never sends a request (or stops halfway through its
     headers) must not keep a descriptor for good: enough of them starve HTTP of new
     connections. uvicorn closes a connection idle after a response (timeout_keep_alive,
-    5 s); these two kinds must go too."""
+    5 s); these two kinds go after ``http.header_timeout_seconds`` (10 s by default)."""
     agent = fd_starved_agent
     before = _ingest_fds(agent)
     idle = _connect_many(agent, 20)

@@ -86,9 +86,54 @@ class _CorkedTransport:
 
 
 class _Protocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, corked, with a deadline for a request's headers.
+
+    uvicorn times out a connection idle *after* a response (keep-alive) and a body that stops
+    arriving, but not a connection that never sends a request or stops halfway through its
+    headers: each such connection would hold a descriptor for good, and enough of them (a
+    slow or broken client, a port scanner) starve the listener. The deadline runs from the
+    connection's start, and from each response's end, to the end of the next request's
+    headers.
+    """
+
+    header_timeout: float = 10.0  # set per server by ``_protocol_class``
+    _header_deadline: asyncio.TimerHandle | None = None
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         corked = _CorkedTransport(transport, asyncio.get_running_loop())
         super().connection_made(corked)  # type: ignore[arg-type]
+        self._arm_header_deadline()
+
+    def on_headers_complete(self) -> None:
+        self._cancel_header_deadline()
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.pipeline and not self.transport.is_closing():
+            self._arm_header_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_deadline()
+        super().connection_lost(exc)
+
+    def _arm_header_deadline(self) -> None:
+        self._cancel_header_deadline()
+        self._header_deadline = self.loop.call_later(self.header_timeout, self._headers_late)
+
+    def _cancel_header_deadline(self) -> None:
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+            self._header_deadline = None
+
+    def _headers_late(self) -> None:
+        self._header_deadline = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
+def _protocol_class(header_timeout: float) -> type[_Protocol]:
+    return type("_Protocol", (_Protocol,), {"header_timeout": header_timeout})
 
 
 class _Server(uvicorn.Server):
@@ -137,7 +182,7 @@ class HttpServer:
         self.host, self.port = str(address[0]), int(address[1])
         config = uvicorn.Config(
             self.app,
-            http=_Protocol,
+            http=_protocol_class(cfg.header_timeout_seconds),
             ws="none",
             interface="asgi3",
             lifespan="off",

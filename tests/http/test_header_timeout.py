@@ -1,0 +1,77 @@
+"""``http.header_timeout_seconds``: connections that never finish a request's headers are
+closed, so they cannot hold descriptors for good; requests in progress are not affected."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+
+from tests.http.harness import Served
+
+
+def _connect(served: Served) -> socket.socket:
+    sock = socket.create_connection((served.server.host, served.server.port), timeout=10)
+    return sock
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (blocking reads)."""
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _serve(serve: Callable[..., Served]) -> Served:
+    return serve(http={"header_timeout_seconds": 0.3, "body_timeout_seconds": 1.0})
+
+
+def test_a_connection_that_sends_nothing_is_closed(serve: Callable[..., Served]) -> None:
+    served = _serve(serve)
+    with _connect(served) as sock:
+        assert _read_until_closed(sock) == b""
+
+
+def test_a_request_whose_headers_never_finish_is_closed_unanswered(
+    serve: Callable[..., Served],
+) -> None:
+    served = _serve(serve)
+    with _connect(served) as sock:
+        sock.sendall(b"POST /topics/t HTTP/1.1\r\nHost: x\r\n")
+        assert _read_until_closed(sock) == b""
+    assert served.store.topic_stats() == []
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_its_response(
+    serve: Callable[..., Served],
+) -> None:
+    served = _serve(serve)
+    with _connect(served) as sock:
+        sock.sendall(b"POST /topics/t HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok")
+        answer = _read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 202 ")
+    assert [m.record.value for m in served.messages("t")] == [b"ok"]
+
+
+def test_a_slow_body_is_the_body_timeout_s_business_not_the_header_deadline(
+    serve: Callable[..., Served],
+) -> None:
+    """Headers complete, body never comes: the answer is the documented 408, which only
+    arrives after the header deadline has passed, so the deadline was cancelled in time."""
+    served = _serve(serve)
+    with _connect(served) as sock:
+        sock.sendall(b"POST /topics/t HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
+        answer = _read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert b"request_timeout" in answer
+    assert served.store.topic_stats() == []
+
+
+def test_pipelined_requests_are_all_answered(serve: Callable[..., Served]) -> None:
+    served = _serve(serve)
+    one = b"POST /topics/t HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n"
+    with _connect(served) as sock:
+        sock.sendall(one + b"a" + one + b"b" + one + b"c")
+        answer = _read_until_closed(sock)
+    assert answer.count(b"HTTP/1.1 202 ") == 3
+    assert [m.record.value for m in served.messages("t")] == [b"a", b"b", b"c"]
