@@ -135,6 +135,13 @@ class Cluster:
                 old.poll(0.05)
             old.close()
 
+    def purge_queued(self, acks: str) -> None:
+        """Fail the messages a producer holds that were not sent yet (safe: none of them
+        reached a broker); each is reported with ``_PURGE_QUEUE`` and sent again later."""
+        p = self._producers.get(acks)
+        if p is not None:
+            p.purge(in_queue=True, in_flight=False, blocking=False)
+
     def _error(self, err: KafkaError) -> None:
         if err.code() == KafkaError._ALL_BROKERS_DOWN:
             self.mark_down(f"all brokers down: {err.str()}")

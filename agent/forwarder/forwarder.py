@@ -366,6 +366,7 @@ class Forwarder:
         reports, self._reports = self._reports, []
         now = time.monotonic()
         acked: set[str] = set()
+        purge: set[tuple[str, str]] = set()
         topics = self._topics
         leave = self._leave
         for i, (f, cluster, err, partition, offset) in enumerate(reports):
@@ -389,13 +390,21 @@ class Forwarder:
                 continue
             if f.done:
                 continue
-            if err.fatal() or (f.settings.acks == "all" and err.code() in STALE_PRODUCER):
+            code = err.code()
+            if err.fatal() or (f.settings.acks == "all" and code in STALE_PRODUCER):
                 # An idempotent producer whose id the cluster forgot (e.g. a cluster rebuilt
                 # from scratch) never recovers by itself: start a fresh one.
                 self._replace_producer(cluster, f.settings.acks, err)
-            permanent = err.code() in PERMANENT
+            permanent = code in PERMANENT
+            if not permanent and code != KafkaError._PURGE_QUEUE:
+                purge.add((cluster, f.settings.acks))
             self._failed(f, cluster, err.str() or err.name(), permanent=permanent,
-                         code=err.name())
+                         code=err.name(), attempt=code != KafkaError._PURGE_QUEUE)
+        for cluster, acks in purge:
+            # Keep per-key order: messages still queued behind a failed one would otherwise
+            # reach Kafka as soon as it answers again, ahead of the failed one's retry.
+            # Failing them now puts them in their topic's retry queue, re-sent in id order.
+            self.clusters[cluster].purge_queued(acks)
         for cluster in acked:
             self.clusters[cluster].mark_ok()
         return True
@@ -409,8 +418,12 @@ class Forwarder:
         self.clusters[cluster].replace_producer(acks)
 
     def _failed(
-        self, f: Flight, cluster: str, error: str, *, permanent: bool, code: str = "error"
+        self, f: Flight, cluster: str, error: str, *, permanent: bool, code: str = "error",
+        attempt: bool = True,
     ) -> None:
+        """A send of ``f`` failed: discard it (permanent), or try the other cluster, or
+        schedule a retry. ``attempt`` False: Ferry itself withdrew the send (a purge), which
+        does not count against ``max_attempts``."""
         f.last_error = error
         self.registry.inc("delivery_failures", topic=f.msg.topic, cluster=cluster, error=code)
         self.registry.sample("error", code, {"topic": f.msg.topic, "cluster": cluster,
@@ -425,12 +438,14 @@ class Forwarder:
         if (cluster == LOCAL and f.settings.fallback_to_remote and remote is not None
                 and not f.sent_remote and self._produce(f, REMOTE)):
             return
-        f.attempts += 1
-        if f.settings.max_attempts and f.attempts >= f.settings.max_attempts:
+        if attempt:
+            f.attempts += 1
+        if attempt and f.settings.max_attempts and f.attempts >= f.settings.max_attempts:
             self._discard(f, "attempts", f"{f.attempts} attempts, last error: {error}",
                           in_flight=True)
             return
-        delay = min(self.backoff_initial * (2 ** min(f.attempts - 1, 16)), self.backoff_max)
+        delay = min(self.backoff_initial * (2 ** min(max(f.attempts - 1, 0), 16)),
+                    self.backoff_max)
         self._schedule_retry(f, delay)
 
     def _schedule_retry(self, f: Flight, delay: float) -> None:

@@ -25,7 +25,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
-import pytest
 
 from agent.client import FerryClient
 from tests.agent_harness import write_config
@@ -228,12 +227,7 @@ def test_a_30_s_blackhole_under_load_loses_nothing_and_keeps_key_order(
         assert tally.lost == 0, f"{name}: {tally.lost} acknowledged lost: {tally.lost_examples}"
         assert tally.keys_split_over_partitions == 0, f"{name}: a key spans partitions"
     broken = {n: t.order_examples[:3] for n, t in tallies.items() if t.out_of_order}
-    if broken:
-        # KNOWN OPEN DEFECT (docs/reliability.md, "Key order across an outage"): with
-        # acks=leader, messages re-sent after a failed delivery can land after later ones.
-        # Nothing is lost (asserted above); the order check stays in so the run reports it,
-        # and the test passes by itself once the defect is fixed.
-        pytest.xfail(f"key order broken across the outage (known defect): {broken}")
+    assert not broken, f"key order broken across the outage: {broken}"
 
 
 def _consumed(partition: int, offset: int, value: bytes) -> ConsumedMessage:
