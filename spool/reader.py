@@ -22,7 +22,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from spool.format import (
     BLOCK_HEADER,
@@ -58,6 +58,15 @@ CHUNK_SIZE = 1 << 20
 MAX_LINE_BYTES = 16 * 1024 * 1024
 
 _new_record = tuple.__new__
+
+
+class SpoolBlock(NamedTuple):
+    """One block of a binary spool file whose CRC checked out; its records not yet decoded."""
+
+    first: int  # index of the block's first record in the file
+    record_count: int  # records in the block
+    offset: int  # file offset of the body (for error messages)
+    body: bytes
 
 
 class SpoolReader:
@@ -141,6 +150,8 @@ class BinarySpoolReader(SpoolReader):
     ) -> None:
         super().__init__(path)
         self.max_block_bytes = max_block_bytes
+        # Legal topics by their raw bytes, shared by decode_block and topic_of.
+        self._topic_cache: dict[bytes, str] = {}
 
     def verify(self, *, deep: bool = False) -> int:
         """Check every block's CRC and the trailer's count and CRC at zlib.crc32 speed;
@@ -172,6 +183,46 @@ class BinarySpoolReader(SpoolReader):
                     yield from self._decode_block(body, first, count, start, offset, topics)
         finally:
             self.close()
+
+    def iter_blocks(self, start: int = 0, *, verify_first: bool = True) -> Iterator[SpoolBlock]:
+        """The raw blocks holding the records from index ``start`` on, for bulk consumers.
+
+        Each block's CRC is checked before it is yielded, and with ``verify_first`` (the
+        default) the whole file is checked first, as in ``iter_records``. Records are not
+        decoded: a consumer must either check them itself exactly as ``decode_block`` does, or
+        call ``decode_block``, which raises SpoolFormatError for a malformed one. Blocks
+        before ``start`` are skipped; the first block yielded may begin before ``start``.
+        """
+        start = max(start, 0)
+        f = self._open()
+        try:
+            if verify_first:
+                for _ in self._blocks(f):
+                    pass
+                f.seek(0)
+            for first, count, offset, body in self._blocks(f):
+                if first + count > start:
+                    yield SpoolBlock(first, count, offset, body)
+        finally:
+            self.close()
+
+    def decode_block(self, block: SpoolBlock, start: int = 0) -> list[SpoolRecord]:
+        """The records of ``block`` from index ``start`` on, all of its records checked;
+        SpoolFormatError names the first malformed one."""
+        return self._decode_block(block.body, block.first, block.record_count, max(start, 0),
+                                  block.offset, self._topic_cache)
+
+    def topic_of(self, raw: bytes) -> str | None:
+        """The topic a record names, or None if it is not a legal topic name (cached)."""
+        topic = self._topic_cache.get(raw)
+        if topic is None:
+            try:
+                topic = decode_topic(raw)
+            except SpoolFormatError:
+                return None
+            if len(self._topic_cache) < 4096:
+                self._topic_cache[raw] = topic
+        return topic
 
     def _blocks(self, f: BinaryIO) -> Iterator[tuple[int, int, int, bytes]]:
         """``(first index, count, body offset, body)`` of each block, after checking its CRC;

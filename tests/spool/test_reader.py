@@ -23,6 +23,7 @@ from spool.format import (
 from spool.reader import (
     BinarySpoolReader,
     JsonLinesReader,
+    SpoolBlock,
     TextLinesReader,
     list_ready_files,
     list_stale_temp_files,
@@ -416,3 +417,62 @@ def test_list_stale_temp_files(tmp_path: Path) -> None:
         tree[name] for name in (".b-top.ferry.1f2e.tmp", "orders/.c.jsonl", "orders/x.txt.tmp")
     )
     assert tree["half.ferry.tmp"] in list_stale_temp_files(tmp_path, older_than_s=-1)
+
+
+# --- raw blocks, for bulk consumers -----------------------------------------------------------
+
+
+def test_iter_blocks_yields_checked_blocks_that_decode_to_the_records(tmp_path: Path) -> None:
+    path, data = multi_block_file(tmp_path)
+    reader = BinarySpoolReader(path)
+    blocks = list(reader.iter_blocks())
+    assert [(b.offset - BLOCK_HEADER.size, len(b.body), b.record_count) for b in blocks] == (
+        block_offsets(data))
+    assert [b.first for b in blocks] == [sum(b.record_count for b in blocks[:i])
+                                         for i in range(len(blocks))]
+    assert [r for b in blocks for r in reader.decode_block(b)] == RECORDS
+
+
+def test_iter_blocks_from_an_index_starts_at_the_block_holding_it(tmp_path: Path) -> None:
+    path, _ = multi_block_file(tmp_path)
+    reader = BinarySpoolReader(path)
+    blocks = list(reader.iter_blocks(start=9))
+    assert blocks[0].first <= 9 < blocks[0].first + blocks[0].record_count
+    assert [r for b in blocks for r in reader.decode_block(b, 9)] == RECORDS[9:]
+    assert list(reader.iter_blocks(start=len(RECORDS))) == []
+
+
+def test_iter_blocks_checks_the_whole_file_before_the_first_block(tmp_path: Path) -> None:
+    _, data = multi_block_file(tmp_path)
+    flipped = bytearray(data)
+    flipped[-30] ^= 0x01  # in the last block
+    path = write(tmp_path, "bad.ferry", bytes(flipped))
+    yielded: list[SpoolBlock] = []
+    with pytest.raises(SpoolFormatError, match="checksum mismatch"):
+        yielded.extend(BinarySpoolReader(path).iter_blocks())
+    assert yielded == []
+    with pytest.raises(SpoolFormatError, match="checksum mismatch"):
+        yielded.extend(BinarySpoolReader(path).iter_blocks(verify_first=False))
+    assert 0 < len(yielded) < len(block_offsets(data))  # intact blocks before the damage
+
+
+@pytest.mark.parametrize(
+    ("body", "count", "message"), list(BUGGY_BODIES.values()), ids=list(BUGGY_BODIES)
+)
+def test_decode_block_names_the_malformed_record(
+    tmp_path: Path, body: bytes, count: int, message: str
+) -> None:
+    path = write(tmp_path, "buggy.ferry", _file_with_body(body, count))
+    reader = BinarySpoolReader(path)
+    (block,) = reader.iter_blocks()
+    with pytest.raises(SpoolFormatError, match="buggy.ferry") as failure:
+        reader.decode_block(block)
+    assert message in str(failure.value)
+
+
+def test_topic_of_accepts_only_legal_topic_names(tmp_path: Path) -> None:
+    reader = BinarySpoolReader(tmp_path / "unused.ferry")
+    assert reader.topic_of(b"orders.v2_x-y") == "orders.v2_x-y"
+    assert reader.topic_of(b"orders.v2_x-y") == "orders.v2_x-y"  # cached
+    for bad in (b"", b"a b", b"t\xff", b"x" * 250, b"caf\xc3\xa9"):
+        assert reader.topic_of(bad) is None
