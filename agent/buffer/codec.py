@@ -17,8 +17,10 @@ Version 1 layout (big-endian)::
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable, Mapping, Sequence
 
 from agent.records import Headers, Record
+from spool.format import RECORD_HEADER as SPOOL_RECORD
 
 HEADER = struct.Struct(">BBIqiIH")
 VERSION = 1
@@ -27,6 +29,8 @@ HAS_PARTITION_KEY = 2
 HASH_KEY = 4
 _NAME = struct.Struct(">H")
 _VLEN = struct.Struct(">I")
+_GENERATION = struct.Struct(">I")
+_GENERATION_OFFSET = 2  # after version and flags
 
 
 class CorruptRecord(Exception):
@@ -89,3 +93,87 @@ def decode(topic: str, data: bytes) -> tuple[Record, int]:
         return record, generation
     except (struct.error, UnicodeDecodeError) as exc:
         raise CorruptRecord(str(exc)) from None
+
+
+# -- bulk: binary spool records straight into buffer values ---------------------------------
+# Spool record flags (1 key, 2 partition key) -> buffer flags. A spool key without a partition
+# key is placed by librdkafka's key hash, as for every other spool record.
+_FROM_SPOOL_FLAGS = (0, HAS_KEY | HASH_KEY, HAS_PARTITION_KEY, HAS_KEY | HAS_PARTITION_KEY)
+
+
+def encode_spool_block(
+    body: bytes,
+    count: int,
+    skip: int,
+    generations: Mapping[str, int],
+    now_ms: int,
+    topic_of: Callable[[bytes], str | None],
+) -> list[tuple[str, list[bytes]]] | None:
+    """Buffer values for the records of one binary spool block body, without Record objects.
+
+    ``body`` is a block body that passed its CRC check (spool.format describes the layout).
+    Returns runs of consecutive records of one topic: ``(topic, values)``, the values encoded
+    under ``generations.get(topic, 0)``, leaving out the block's first ``skip`` records (they
+    are checked all the same). A record without a timestamp gets ``now_ms``.
+
+    Returns None, having decided nothing, for any block it does not handle in bulk: a record
+    with headers, a record that breaks the format, a topic ``topic_of`` does not accept, a
+    count that does not match. The caller then decodes the block with the spool reader,
+    which either raises the precise error or yields records for ``encode``. So this function
+    never accepts what the reader would refuse.
+    """
+    unpack = SPOOL_RECORD.unpack_from
+    pack = HEADER.pack
+    fixed = SPOOL_RECORD.size
+    flag_map = _FROM_SPOOL_FLAGS
+    end = len(body)
+    pos = 0
+    index = 0
+    runs: list[tuple[str, list[bytes]]] = []
+    raw_topic = b""
+    values: list[bytes] = []
+    append = values.append
+    generation = 0
+    try:
+        while pos < end:
+            length, flags, tlen, hcount, pk, ts, klen, vlen = unpack(body, pos)
+            nxt = pos + length
+            q = pos + fixed + tlen
+            if (
+                hcount
+                or flags > 3
+                or q + klen + vlen != nxt
+                or nxt > end
+                or (klen and not flags & 1)
+                or (pk and not flags & 2)
+            ):
+                return None
+            raw = body[pos + fixed : q]
+            if raw != raw_topic:
+                topic = topic_of(raw)
+                if topic is None:
+                    return None
+                raw_topic = raw
+                values = []
+                append = values.append
+                runs.append((topic, values))
+                generation = generations.get(topic, 0)
+            if index >= skip:
+                # Key and value lie back to back in both layouts: one slice carries both.
+                append(pack(VERSION, flag_map[flags], generation, ts or now_ms, pk, klen, 0)
+                       + body[q:nxt])
+            index += 1
+            pos = nxt
+    except struct.error:
+        return None
+    if index != count:
+        return None
+    return [run for run in runs if run[1]]
+
+
+def with_generation(values: Sequence[bytes], generation: int) -> list[bytes]:
+    """``values`` re-encoded under another topic generation (the rest unchanged)."""
+    gen = _GENERATION.pack(generation)
+    start = _GENERATION_OFFSET
+    stop = start + _GENERATION.size
+    return [v[:start] + gen + v[stop:] for v in values]

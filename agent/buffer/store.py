@@ -35,6 +35,7 @@ from agent.buffer import codec, keys
 from agent.records import Record
 
 _COUNT = struct.Struct(">qq")  # messages, bytes
+_SEQ = struct.Struct(">I")  # the sequence half of a message id (keys.ID)
 _LAST_ID = b"last_id"
 _COUNT_PREFIX = b"n:"
 _GEN_PREFIX = b"gen:"
@@ -383,6 +384,86 @@ class Store:
             return results
 
         result: list[list[bytes] | BufferFull] = self._write(body)
+        return result
+
+    def append_encoded(
+        self,
+        runs: Sequence[tuple[str, Sequence[bytes], int]],
+        *,
+        state_puts: Mapping[bytes, bytes] | None = None,
+        state_deletes: Sequence[bytes] = (),
+        enforce_limit: bool = True,
+    ) -> int:
+        """Commit pre-encoded messages in one durable transaction, all or nothing; their count.
+
+        The bulk path of spool intake: ``runs`` are ``(topic, values, generation)``, each value
+        already encoded by codec.py under ``generation``; a run whose topic has since moved to
+        another generation is re-encoded under the current one here, inside the transaction.
+        Ids are allocated in the transaction as in ``append``, in run order, so each topic's
+        FIFO order is the order of the runs. Counts are updated once per topic.
+        ``state_puts``/``state_deletes`` are written in the same transaction. Raises
+        BufferFull when the messages do not fit (nothing is written), and BufferUnavailable
+        as ``append`` does.
+        """
+
+        def body(txn: lmdb.Transaction) -> int:
+            room = self.max_bytes - self._used(txn) if enforce_limit else 1 << 62
+            raw = txn.get(_LAST_ID, db=self._meta)
+            last_ts, seq = keys.ID.unpack(raw) if raw else (0, 0)
+            ts = max(int(time.time() * 1000), last_ts)
+            seq = seq + 1 if ts == last_ts else 0
+            items: list[tuple[list[bytes], Sequence[bytes]]] = []
+            counts: dict[str, list[int]] = {}
+            generations: dict[str, int] = {}
+            need = 0
+            total = 0
+            for topic, values, encoded_under in runs:
+                n = len(values)
+                if not n:
+                    continue
+                generation = generations.get(topic)
+                if generation is None:
+                    generation = generations[topic] = self._generation(txn, topic)
+                if generation != encoded_under:
+                    values = codec.with_generation(values, generation)
+                prefix = keys.topic_prefix(topic)
+                if seq + n - 1 > 0xFFFFFFFF:
+                    # The sequence would wrap within this run: ids per message, as in append.
+                    run_keys = []
+                    for _ in range(n):
+                        if seq > 0xFFFFFFFF:
+                            ts, seq = ts + 1, 0
+                        run_keys.append(prefix + keys.ID.pack(ts, seq))
+                        seq += 1
+                else:
+                    base = prefix + ts.to_bytes(8, "big")
+                    pack_seq = _SEQ.pack
+                    run_keys = [base + pack_seq(s) for s in range(seq, seq + n)]
+                    seq += n
+                size = sum(map(len, values)) + n * (len(prefix) + keys.ID_LEN)
+                need += size + n * RECORD_OVERHEAD
+                c = counts.get(topic)
+                if c is None:
+                    c = counts[topic] = [0, 0]
+                c[0] += n
+                c[1] += size
+                items.append((run_keys, values))
+                total += n
+            if need > room:
+                raise BufferFull(f"buffer full: {need} bytes do not fit in the {max(room, 0)} left")
+            if total:
+                with txn.cursor(self._messages) as cur:
+                    for run_keys, values in items:
+                        cur.putmulti(zip(run_keys, values, strict=True))
+                txn.put(_LAST_ID, keys.ID.pack(ts, max(seq - 1, 0)), db=self._meta)
+                self._adjust_counts(txn, counts, +1)
+            for sk, sv in (state_puts or {}).items():
+                txn.put(sk, sv, db=self._state)
+            for sk in state_deletes:
+                txn.delete(sk, db=self._state)
+            return total
+
+        result: int = self._write(body)
         return result
 
     def _adjust_counts(
