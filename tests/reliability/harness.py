@@ -165,9 +165,14 @@ def metric_total(counters: dict[str, Any], name: str, **labels: str) -> float:
     return total
 
 
-def read_values(bootstrap: str, topic: str, timeout: float = 300.0) -> collections.Counter[bytes]:
+def read_values(bootstrap: str, topic: str, timeout: float = 900.0) -> collections.Counter[bytes]:
     """How many times each value is in ``topic`` now: ``tests.kafka.read_topic`` without a
-    ConsumedMessage per record, fast enough for the millions of records of a long run."""
+    ConsumedMessage per record, for the millions of records of a long run.
+
+    tansu's memory storage serves a Fetch in time that grows with the partition's size, and
+    returns one record batch per partition per Fetch: a partition of 30,000 one-record batches
+    reads at under 100 records/s. Long runs therefore keep HTTP (one request, one batch)
+    to tens of thousands of messages; the timeout is generous for the rest."""
     counts: collections.Counter[bytes] = collections.Counter()
     partitions = topic_partitions(bootstrap, topic, timeout=10)
     if not partitions:
