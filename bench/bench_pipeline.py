@@ -48,6 +48,16 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
+def cpu_seconds(pid: int, children: bool = False) -> float:
+    """User + system CPU time of a live process, or of its reaped children."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    first = 13 if children else 11  # utime stime | cutime cstime
+    return (int(fields[first]) + int(fields[first + 1])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=1_000_000)
@@ -81,6 +91,9 @@ def main() -> None:
                 peak["rss"] = max(peak["rss"], now)
 
         threading.Thread(target=watch_rss, daemon=True).start()
+        cpu0 = {"ingest": cpu_seconds(os.getpid()),
+                "forwarder": cpu_seconds(agent.forwarder.pid or 0),
+                "broker": cpu_seconds(broker.pid or 0)}
         t0 = time.perf_counter()
         go.set()
         accepted_at = delivered_at = None
@@ -96,8 +109,14 @@ def main() -> None:
                 delivered_at = time.perf_counter()
                 break
             time.sleep(0.05)  # sampling the registry, not synchronising anything
+        # CPU per process over the run (ingest includes this script's sampling loop).
+        cpu = {"ingest": cpu_seconds(os.getpid()) - cpu0["ingest"],
+               "forwarder": cpu_seconds(agent.forwarder.pid or 0) - cpu0["forwarder"],
+               "broker": cpu_seconds(broker.pid or 0) - cpu0["broker"]}
+        children0 = cpu_seconds(os.getpid(), children=True)
         for p in procs:
             p.join(10)
+        cpu["senders"] = cpu_seconds(os.getpid(), children=True) - children0
         stop.set()
         v = registry.view()
         h = v.histogram("buffer_commit_seconds")
@@ -117,6 +136,8 @@ def main() -> None:
         else:
             print(f"delivered: only {dlv:.0f} of {total} within {args.timeout} s")
         print(f"agent peak RSS (ingest + forwarder): {peak['rss'] / 1024:.0f} MiB")
+        print("CPU during the run, us per message: " + ", ".join(
+            f"{name} {seconds / total * 1e6:.1f}" for name, seconds in cpu.items()))
 
 
 if __name__ == "__main__":

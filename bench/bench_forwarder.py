@@ -1,0 +1,96 @@
+"""Forwarder alone: a pre-filled buffer drained into a real tansu broker, in this process.
+
+    .venv/bin/python bench/bench_forwarder.py [--messages 300000] [--topics 4] [--profile]
+
+Fills a buffer with ``--messages`` 200-byte messages (half AnyPartition, half PartitionKey)
+over ``--topics`` topics, then runs the forwarder's loop until every message is acknowledged
+and removed. Prints the drain rate, the forwarder's CPU time per message (this process, which
+includes librdkafka's threads), and with ``--profile`` the top functions by own time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from agent.buffer.store import Store  # noqa: E402
+from agent.config import load_config  # noqa: E402
+from agent.forwarder.forwarder import Forwarder  # noqa: E402
+from agent.metrics import Registry  # noqa: E402
+from agent.records import Record  # noqa: E402
+from tests.agent_harness import write_config  # noqa: E402
+from tests.kafka import Broker, create_topic  # noqa: E402
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--messages", type=int, default=300_000)
+    ap.add_argument("--topics", type=int, default=4)
+    ap.add_argument("--size", type=int, default=200)
+    ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    topics = [f"fwd-bench-{i}" for i in range(args.topics)]
+    with tempfile.TemporaryDirectory() as tmp, Broker(log_path=Path(tmp) / "tansu.log") as broker:
+        for t in topics:
+            create_topic(broker.bootstrap, t, 8)
+        cfg = load_config(write_config(Path(tmp), broker.bootstrap, http=False,
+                                       buffer={"max_bytes": 8 * 1024**3},
+                                       forwarder={"linger_ms": 5}))
+        value = b"v" * args.size
+        with Store(cfg.buffer.path, cfg.buffer.max_bytes) as store:
+            t0 = time.perf_counter()
+            per_batch = 10_000
+            for start in range(0, args.messages, per_batch):
+                n = min(per_batch, args.messages - start)
+                groups = [[Record(topics[(start + i) % len(topics)], value,
+                                  partition_key=(start + i) if i % 2 else None)
+                           for i in range(n)]]
+                store.append(groups)
+            fill = time.perf_counter() - t0
+            registry = Registry()
+            forwarder = Forwarder(cfg, store, registry=registry)
+            profiler = cProfile.Profile() if args.profile else None
+            cpu0, t0 = _cpu(), time.perf_counter()
+            deadline = t0 + args.timeout
+            if profiler:
+                profiler.enable()
+            while time.perf_counter() < deadline:
+                if not forwarder.step():
+                    forwarder._wait(0.002)
+                if registry.view().total("messages_delivered") >= args.messages \
+                        and not store.topic_stats():
+                    break
+            if profiler:
+                profiler.disable()
+            took, cpu = time.perf_counter() - t0, _cpu() - cpu0
+            delivered = registry.view().total("messages_delivered")
+            forwarder.shutdown()
+            for c in forwarder.clusters.values():
+                c.close(5.0)
+        print(f"machine: {os.cpu_count()} cores; {args.messages} x {args.size} B over "
+              f"{args.topics} topics (buffer filled in {fill:.1f} s)")
+        print(f"delivered and removed: {delivered:.0f} in {took:.2f} s = "
+              f"{delivered / took:,.0f} msg/s")
+        print(f"forwarder process CPU: {cpu:.2f} s = {cpu / max(delivered, 1) * 1e6:.1f} us "
+              "per message (Python + librdkafka threads)")
+        if profiler:
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+
+
+if __name__ == "__main__":
+    main()
