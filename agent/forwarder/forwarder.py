@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, TypeGuard
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
@@ -27,7 +27,7 @@ from agent.buffer.store import Corrupt, Outcome, Store, StoredMessage
 from agent.config import FerryConfig, TopicConfig
 from agent.forwarder.clusters import Cluster
 from agent.forwarder.discard_log import Discard, DiscardLog
-from agent.forwarder.partitioner import UNASSIGNED, choose
+from agent.forwarder.partitioner import UNASSIGNED, TopicLayout, choose
 from agent.metrics import REGISTRY, Registry
 
 log = logging.getLogger(__name__)
@@ -199,33 +199,92 @@ class Forwarder:
             first = batch[0]
             check_ttl = now_ms - keys.id_timestamp_ms(first.id) > ttl_ms
             max_size = settings.max_message_bytes
+            if direct is not None:
+                self._send_direct(batch, st, settings, gen, check_ttl, now_ms, ttl_ms,
+                                  direct[0], direct[1], now)
+                continue
             for m in batch:
                 st.cursor = m.id
-                if isinstance(m, Corrupt):
-                    self._discard_corrupt(m)
-                    continue
-                if m.generation < gen:
-                    self._discard(Flight(m, settings), "generation",
-                                  "the topic was deleted after this message was accepted")
-                    continue
-                if m.record.size > max_size:
-                    # Sources that cannot refuse at once (spool files) let these through.
-                    self._discard(Flight(m, settings), "too_large",
-                                  f"{m.record.size} bytes > max_message_bytes="
-                                  f"{settings.max_message_bytes}")
-                    continue
-                if check_ttl and now_ms - m.accepted_ms > ttl_ms:
-                    self._discard(Flight(m, settings), "ttl",
-                                  f"older than ttl_seconds={settings.ttl_seconds}")
+                if not self._sendable(m, settings, gen, max_size, check_ttl, now_ms, ttl_ms):
                     continue
                 st.in_flight += 1
                 self._in_flight += 1
-                flight = Flight(m, settings)
-                if direct is not None:
-                    self._produce_direct(flight, direct[0], direct[1], now)
-                else:
-                    self._send(flight, now)
+                self._send(Flight(m, settings), now)
         return worked
+
+    def _sendable(self, m: StoredMessage | Corrupt, settings: TopicConfig, gen: int,
+                  max_size: int, check_ttl: bool, now_ms: int, ttl_ms: int
+                  ) -> TypeGuard[StoredMessage]:
+        """False when ``m`` must not be sent (and was discarded, with its reason)."""
+        if isinstance(m, Corrupt):
+            self._discard_corrupt(m)
+            return False
+        if m.generation < gen:
+            self._discard(Flight(m, settings), "generation",
+                          "the topic was deleted after this message was accepted")
+            return False
+        r = m.record
+        if len(r.value) + (len(r.key) if r.key else 0) > max_size:
+            # Sources that cannot refuse at once (spool files) let these through.
+            self._discard(Flight(m, settings), "too_large",
+                          f"{r.size} bytes > max_message_bytes={settings.max_message_bytes}")
+            return False
+        if check_ttl and now_ms - m.accepted_ms > ttl_ms:
+            self._discard(Flight(m, settings), "ttl",
+                          f"older than ttl_seconds={settings.ttl_seconds}")
+            return False
+        return True
+
+    def _send_direct(self, batch: list[StoredMessage | Corrupt], st: _TopicState,
+                     settings: TopicConfig, gen: int, check_ttl: bool, now_ms: int,
+                     ttl_ms: int, producer: Any, layout: TopicLayout, now: float) -> None:
+        """The common case, kept tight (it runs once per message): one local cluster, the
+        topic's partitions known. Same rules as ``_send``, without its branches."""
+        produce = producer.produce
+        on_delivery = self._on_delivery
+        max_size = settings.max_message_bytes
+        round_robin = layout.round_robin
+        for_partition_key = layout.for_partition_key
+        sent = 0
+        for m in batch:
+            st.cursor = m.id
+            if ((not isinstance(m, StoredMessage) or m.generation < gen or check_ttl)
+                    and not self._sendable(m, settings, gen, max_size, check_ttl, now_ms,
+                                           ttl_ms)):
+                continue
+            r = m.record
+            value, key = r.value, r.key
+            if len(value) + (len(key) if key else 0) > max_size:
+                self._sendable(m, settings, gen, max_size, False, now_ms, ttl_ms)  # too_large
+                continue
+            f = Flight(m, settings)
+            pk = r.partition_key
+            if pk is not None:
+                partition = for_partition_key(pk)
+            elif r.hash_key:
+                partition = -1
+            else:
+                partition = round_robin()
+            try:
+                produce(r.topic, value, key, partition=partition, timestamp=r.timestamp_ms,
+                        headers=list(r.headers) if r.headers else None,
+                        on_delivery=partial(on_delivery, f, LOCAL))
+            except BufferError:
+                st.in_flight += 1
+                self._in_flight += 1
+                self._schedule_retry(f, 0.05)
+                continue
+            except KafkaException as exc:
+                st.in_flight += 1
+                self._in_flight += 1
+                self._refused_at_once(f, LOCAL, exc)
+                continue
+            f.sent_local_at = now
+            f.pending = 1
+            sent += 1
+        st.in_flight += sent
+        self._in_flight += sent
+        st.sending += sent
 
     def _direct_route(self, topic: str, settings: TopicConfig) -> tuple[Any, Any] | None:
         """(producer, layout) when a batch of ``topic`` simply goes to the local cluster."""
@@ -236,31 +295,6 @@ class Forwarder:
         if layout is None:
             return None
         return local.producer(settings.acks), layout
-
-    def _produce_direct(self, f: Flight, producer: Any, layout: Any, now: float) -> None:
-        """The common case, kept short: one local cluster, partitions known."""
-        r = f.msg.record
-        pk = r.partition_key
-        if pk is not None:
-            partition = layout.for_partition_key(pk)
-        elif r.hash_key:
-            partition = -1
-        else:
-            partition = layout.round_robin()
-        try:
-            producer.produce(r.topic, r.value, r.key, partition=partition,
-                             timestamp=r.timestamp_ms,
-                             headers=list(r.headers) if r.headers else None,
-                             on_delivery=partial(self._on_delivery, f, LOCAL))
-        except BufferError:
-            self._schedule_retry(f, 0.05)
-            return
-        except KafkaException as exc:
-            self._refused_at_once(f, LOCAL, exc)
-            return
-        f.sent_local_at = now
-        f.pending += 1
-        self._topics[r.topic].sending += 1
 
     def _expire_head(self, topic: str, st: _TopicState, now: float) -> bool:
         """Discard expired messages at the head of a topic that cannot be sent right now.
