@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.buffer.committer import Committer  # noqa: E402
 from agent.buffer.store import Store  # noqa: E402
-from agent.config import FerryConfig  # noqa: E402
+from agent.config import BufferConfig, FerryConfig, SpoolConfig  # noqa: E402
 from agent.ingest.spool_intake import SpoolIntake  # noqa: E402
 from agent.metrics import Registry  # noqa: E402
 from agent.runtime import Runtime  # noqa: E402
@@ -41,8 +41,8 @@ def main() -> None:
         for i in range(args.files):
             with SpoolWriter(staging, f"bench-{i}.ferry") as w:
                 w.write_many(SpoolRecord("bench", value) for _ in range(per))
-        config = FerryConfig(buffer={"path": root / "buffer", "max_bytes": 8 * 1024**3},
-                             spool={"dirs": [root / "spool"]})
+        config = FerryConfig(buffer=BufferConfig(path=root / "buffer", max_bytes=8 * 1024**3),
+                             spool=SpoolConfig(dirs=[root / "spool"]))
         registry = Registry()
         store = Store(config.buffer.path, config.buffer.max_bytes, track=False)
         committer = Committer(store, registry=registry)

@@ -13,14 +13,17 @@ wakes the intake thread on new files; a periodic scan catches what inotify misse
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import itertools
 import json
 import logging
 import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,12 +31,20 @@ from typing import Any
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
+from agent.buffer import codec
+from agent.buffer.codec import encode_spool_block
 from agent.buffer.committer import ShuttingDown
 from agent.buffer.store import BufferFull, BufferUnavailable
 from agent.records import Record, Source
 from agent.runtime import Runtime
 from spool.format import EXTENSION, SpoolFormatError, SpoolRecord
-from spool.reader import list_ready_files, list_stale_temp_files, open_spool_file
+from spool.reader import (
+    BinarySpoolReader,
+    SpoolReader,
+    list_ready_files,
+    list_stale_temp_files,
+    open_spool_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +95,9 @@ class SpoolIntake:
         self._stop = threading.Event()
         self._observer: Any = None
         self._thread = threading.Thread(target=self._run, name="spool-intake", daemon=True)
+        # Binary files' batches commit on this thread while the intake thread encodes the
+        # next one (the fsync releases the GIL).
+        self._committing = ThreadPoolExecutor(1, thread_name_prefix="spool-commit")
 
     def start(self) -> None:
         for d in self.dirs:
@@ -106,6 +120,7 @@ class SpoolIntake:
             self._thread.join(30.0)
         if self._observer is not None:
             self._observer.join(5.0)
+        self._committing.shutdown(wait=True)
 
     def wake(self) -> None:
         """Scan now (tests and the CLI use it; the observer does it on file events)."""
@@ -185,26 +200,15 @@ class SpoolIntake:
                 log.exception("spool file %s could not be read", path)
                 self._quarantine(root, path, key, "unreadable", f"{type(exc).__name__}: {exc}")
                 return False
-            records = reader.iter_records(start, verify_first=False)
             # A batch must fit in an empty buffer, or it could never be committed.
             limit = self.runtime.config.buffer.max_bytes
             max_batch_bytes = max(64 * 1024, min(8 << 20, limit // 8))
-            in_flight: tuple[_Pending, list[Record], dict[bytes, bytes]] | None = None
-            for batch, next_index in _batches(records, BATCH, max_batch_bytes):
-                done = next_index >= count
-                doc = {"identity": _ident_doc(ident), "next": next_index, "done": done,
-                       "count": count}
-                puts = {key: json.dumps(doc).encode()}
-                if done and binary:
-                    puts[self._key(SEEN, index, root, path)] = json.dumps(
-                        {"size": ident.size, "count": count, "at": time.time()}).encode()
-                # Submit this batch only once the previous one is known to be stored, so a
-                # refused batch can never be overtaken by a later one; reading this batch
-                # overlapped with committing the previous one.
-                if in_flight is not None and not self._settle(*in_flight):
+            tracker = _Progress(key, ident, count,
+                                self._key(SEEN, index, root, path) if binary else None)
+            if isinstance(reader, BinarySpoolReader):
+                if not self._ingest_blocks(reader, start, tracker, max_batch_bytes):
                     return False
-                in_flight = (self._submit(batch, puts), batch, puts)
-            if in_flight is not None and not self._settle(*in_flight):
+            elif not self._ingest_records(reader, start, tracker, max_batch_bytes):
                 return False
             if count == 0 or start >= count:
                 doc = {"identity": _ident_doc(ident), "next": count, "done": True,
@@ -221,6 +225,100 @@ class SpoolIntake:
         self._finish(root, path, key)
         self.registry.inc("spool_files_ingested")
         return True
+
+    def _ingest_records(
+        self, reader: SpoolReader, start: int, progress: _Progress, max_batch_bytes: int
+    ) -> bool:
+        """A hand-made file, as agent Records through the committer; False if interrupted."""
+        records = reader.iter_records(start, verify_first=False)
+        in_flight: tuple[_Pending, list[Record], dict[bytes, bytes]] | None = None
+        for batch, next_index in _batches(records, BATCH, max_batch_bytes):
+            puts = progress.puts(next_index)
+            # Submit this batch only once the previous one is known to be stored, so a
+            # refused batch can never be overtaken by a later one; reading this batch
+            # overlapped with committing the previous one.
+            if in_flight is not None and not self._settle(*in_flight):
+                return False
+            in_flight = (self._submit(batch, puts), batch, puts)
+        return in_flight is None or self._settle(*in_flight)
+
+    def _ingest_blocks(
+        self, reader: BinarySpoolReader, start: int, progress: _Progress, max_batch_bytes: int
+    ) -> bool:
+        """A binary file, the bulk way: blocks are encoded straight into buffer values
+        (codec.encode_spool_block), without a Record per message, and each batch goes to the
+        store in one transaction with the file's progress. The next batch is encoded while
+        the previous one commits on the commit thread. False if interrupted (what was
+        committed stays committed, with its progress)."""
+        batches = _bulk_batches(reader, start, self.store.generations(),
+                                int(time.time() * 1000), max_batch_bytes)
+        in_flight: tuple[Future[BaseException | None], list[_Run], dict[bytes, bytes]] | None
+        in_flight = None
+        try:
+            for runs, next_index in batches:
+                # As for hand-made files: a batch is handed over only once the previous one
+                # is stored, so a refused batch is never overtaken by a later one.
+                if in_flight is not None:
+                    pending, in_flight = in_flight, None
+                    if not self._settle_bulk(*pending):
+                        return False
+                if self._stop.is_set():
+                    return False  # the file resumes from its committed progress next time
+                puts = progress.puts(next_index)
+                in_flight = (self._committing.submit(self._store_runs, runs, puts), runs, puts)
+            if in_flight is not None:
+                pending, in_flight = in_flight, None
+                return self._settle_bulk(*pending)
+            return True
+        finally:
+            if in_flight is not None:
+                # Leaving on an error (a malformed block): let the batch in flight finish
+                # before the caller quarantines the file or forgets its progress.
+                in_flight[0].exception()
+
+    def _store_runs(self, runs: list[_Run], puts: dict[bytes, bytes]) -> BaseException | None:
+        """One batch and its progress in one durable transaction; None once stored, or why
+        it was refused. Counts what the committer counts for other groups."""
+        registry = self.registry
+        started = time.perf_counter()
+        try:
+            self.store.append_encoded(runs, state_puts=puts)
+        except BufferFull as exc:
+            registry.inc("messages_rejected", sum(len(r[1]) for r in runs),
+                         source=Source.SPOOL, reason="buffer_full")
+            return exc
+        except BufferUnavailable as exc:
+            registry.inc("messages_rejected", sum(len(r[1]) for r in runs),
+                         source=Source.SPOOL, reason=exc.reason)
+            log.warning("buffer refused a spool batch: %s", exc)
+            return exc
+        registry.inc("buffer_commits", writer=Source.SPOOL)
+        registry.observe("buffer_commit_seconds", time.perf_counter() - started,
+                         writer=Source.SPOOL)
+        accepted: dict[str, int] = {}
+        for topic, values, _ in runs:
+            accepted[topic] = accepted.get(topic, 0) + len(values)
+        for topic, count in accepted.items():
+            registry.inc("messages_accepted", count, source=Source.SPOOL, topic=topic)
+        return None
+
+    def _settle_bulk(
+        self, pending: Future[BaseException | None], runs: list[_Run], puts: dict[bytes, bytes]
+    ) -> bool:
+        """Wait for a batch handed to the commit thread; if it was refused, commit it again
+        until it is in."""
+        if pending.result() is None:
+            return True
+        return self._commit_bulk(runs, puts)
+
+    def _commit_bulk(self, runs: list[_Run], puts: dict[bytes, bytes]) -> bool:
+        """Commit one batch with its progress; waits while the buffer is full."""
+        while not self._stop.is_set():
+            if self._store_runs(runs, puts) is None:
+                return True
+            # Intake pauses; the file waits on disk, its progress intact.
+            self._stop.wait(0.5)
+        return False
 
     def _submit(self, batch: list[Record], puts: dict[bytes, bytes]) -> _Pending:
         pending = _Pending()
@@ -310,6 +408,52 @@ class SpoolIntake:
                     log.info("deleted stale temporary spool file %s", stale)
 
 
+# A run of one topic's messages, encoded under the given topic generation.
+_Run = tuple[str, list[bytes], int]
+# Bytes counted per message on top of its value when capping a batch (as _batches does).
+_WEIGHT = 64
+
+
+class _Progress:
+    """A file's progress records: what to commit with the batch that ends at an index."""
+
+    def __init__(self, key: bytes, ident: Identity, count: int, seen_key: bytes | None) -> None:
+        self.key = key
+        self.ident = ident
+        self.count = count
+        self.seen_key = seen_key  # binary files: remembered by name once done
+
+    def puts(self, next_index: int) -> dict[bytes, bytes]:
+        done = next_index >= self.count
+        doc = {"identity": _ident_doc(self.ident), "next": next_index, "done": done,
+               "count": self.count}
+        puts = {self.key: json.dumps(doc).encode()}
+        if done and self.seen_key is not None:
+            puts[self.seen_key] = json.dumps(
+                {"size": self.ident.size, "count": self.count, "at": time.time()}).encode()
+        return puts
+
+
+def _encode_records(
+    records: list[SpoolRecord], generations: Mapping[str, int], now_ms: int
+) -> list[tuple[str, list[bytes]]]:
+    """Buffer values of decoded spool records (those with headers), in runs of one topic."""
+    runs: list[tuple[str, list[bytes]]] = []
+    topic = ""
+    values: list[bytes] = []
+    for r in records:
+        if r.topic != topic or not runs:
+            topic = r.topic
+            values = []
+            runs.append((topic, values))
+        key = r.key
+        values.append(codec.encode(
+            Record(topic, r.value, key, r.partition_key, r.timestamp_ms or now_ms, r.headers,
+                   key is not None and r.partition_key is None),
+            generations.get(topic, 0)))
+    return runs
+
+
 class _Pending:
     """A submitted batch's outcome, filled in by the writer thread."""
 
@@ -341,6 +485,53 @@ def _batches(
             weight = 0
     if batch:
         yield batch, last + 1
+
+
+def _bulk_batches(
+    reader: BinarySpoolReader,
+    start: int,
+    generations: Mapping[str, int],
+    now_ms: int,
+    max_bytes: int,
+) -> Iterator[tuple[list[_Run], int]]:
+    """Batches of encoded runs from index ``start`` on, each with the index of the record
+    after it; cut at BATCH messages or once they weigh ``max_bytes``, as ``_batches`` does."""
+    runs: list[_Run] = []
+    n = 0
+    weight = 0
+    next_index = start
+    for block in reader.iter_blocks(start, verify_first=False):
+        skip = max(start - block.first, 0)
+        encoded = encode_spool_block(block.body, block.record_count, skip, generations, now_ms,
+                                     reader.topic_of)
+        if encoded is None:
+            # Headers, or something the bulk encoder does not take: the reader decodes the
+            # block (raising SpoolFormatError if it is malformed) and codec encodes it.
+            encoded = _encode_records(reader.decode_block(block, start), generations, now_ms)
+        next_index = block.first + skip
+        for topic, values in encoded:
+            generation = generations.get(topic, 0)
+            i = 0
+            while i < len(values):
+                room = BATCH - n
+                take = values if i == 0 and len(values) <= room else values[i:i + room]
+                w = sum(map(len, take)) + _WEIGHT * len(take)
+                if weight + w >= max_bytes:
+                    # Cut after the message that brings the batch to its byte cap.
+                    sums = list(itertools.accumulate(len(v) + _WEIGHT for v in take))
+                    cut = bisect.bisect_left(sums, max_bytes - weight) + 1
+                    take = take[:cut]
+                    w = sums[cut - 1]
+                runs.append((topic, take, generation))
+                n += len(take)
+                weight += w
+                i += len(take)
+                next_index += len(take)
+                if n >= BATCH or weight >= max_bytes:
+                    yield runs, next_index
+                    runs, n, weight = [], 0, 0
+    if runs:
+        yield runs, next_index
 
 
 def _ident_doc(ident: Identity) -> list[int]:

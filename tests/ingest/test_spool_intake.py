@@ -3,15 +3,34 @@
 from __future__ import annotations
 
 import collections
+import itertools
+import json
 import os
+import struct
 import time
-from contextlib import AbstractContextManager
+import zlib
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from agent.buffer.committer import Committer
 from agent.buffer.store import Store, StoredMessage
+from agent.config import BufferConfig, FerryConfig, SpoolConfig
 from agent.daemon import Agent
-from spool.format import SpoolRecord
+from agent.ingest.spool_intake import SpoolIntake
+from agent.metrics import Registry
+from agent.runtime import Runtime
+from spool.format import (
+    BLOCK_HEADER,
+    FILE_HEADER,
+    RECORD_HEADER,
+    SpoolRecord,
+    encode_file,
+    encode_record,
+)
 from spool.writer import write_spool_file
 from tests.agent_harness import AgentProcess, running_agent, write_config
 from tests.kafka import Broker, consume_all, read_topic
@@ -126,7 +145,7 @@ def test_a_retried_spark_file_is_not_ingested_twice(
         consume_all(session_broker.bootstrap, unique_topic, 20, timeout=20)
         wait_until(lambda: not agent.store.topic_stats(), message="drained")
     got = read_topic(session_broker.bootstrap, unique_topic)
-    assert sorted(m.value for m in got) == sorted(r.value for r in records)
+    assert sorted(m.value or b"" for m in got) == sorted(r.value for r in records)
 
 
 def test_intake_pauses_while_the_buffer_is_full_and_resumes(
@@ -188,3 +207,175 @@ def _buffered_values(root: Path, topic: str) -> list[bytes]:
                 if isinstance(m, StoredMessage)]
     finally:
         store.close()
+
+
+# -- the bulk path for binary files, without Kafka ----------------------------------------------
+MB = 1024 * 1024
+
+
+@contextmanager
+def intake_only(root: Path, max_bytes: int = 256 * MB) -> Iterator[SpoolIntake]:
+    """A SpoolIntake on a real buffer and committer, its scans driven by the test."""
+    config = FerryConfig(buffer=BufferConfig(path=root / "buffer", max_bytes=max_bytes),
+                         spool=SpoolConfig(dirs=[root / "spool"]))
+    (root / "spool").mkdir()
+    registry = Registry()
+    store = Store(config.buffer.path, config.buffer.max_bytes, track=False)
+    committer = Committer(store, registry=registry)
+    committer.start()
+    intake = SpoolIntake(Runtime(config, store, committer, registry))
+    try:
+        yield intake
+    finally:
+        intake.stop()
+        committer.close()
+        store.close()
+
+
+def place(intake: SpoolIntake, name: str, records: list[SpoolRecord], block_bytes: int) -> Path:
+    """A binary spool file of small blocks (so batches and resumes cross block boundaries)."""
+    path = intake.dirs[0] / name
+    tmp = path.with_name("." + name + ".tmp")
+    tmp.write_bytes(encode_file(records, block_bytes=block_bytes))
+    tmp.rename(path)
+    return path
+
+
+def buffered(store: Store, topic: str) -> list[StoredMessage]:
+    out = [m for m in store.read(topic, None, 10_000_000) if isinstance(m, StoredMessage)]
+    assert len(out) == len(store.read(topic, None, 10_000_000))
+    return out
+
+
+MIXED = [SpoolRecord("orders" if i % 7 < 4 else "clicks", b"value-%d" % i,
+                     key=b"k%d" % i if i % 3 == 0 else None,
+                     partition_key=i % 5 if i % 4 == 0 else None,
+                     timestamp_ms=0 if i % 10 == 0 else 1_700_000_000_000 + i,
+                     headers=(("trace", b"%d" % i),) if 300 <= i < 320 else ())
+         for i in range(3000)]
+
+
+def test_bulk_intake_buffers_exactly_what_the_record_path_would(tmp_path: Path) -> None:
+    before_ms = int(time.time() * 1000)
+    with intake_only(tmp_path) as intake:
+        path = place(intake, "mixed.ferry", MIXED, block_bytes=2000)
+        assert intake.scan_once() == 1
+        after_ms = int(time.time() * 1000)
+        store, view = intake.store, intake.registry.view()
+        assert not path.exists()
+        for topic in ("orders", "clicks"):
+            want = [r for r in MIXED if r.topic == topic]
+            got = buffered(store, topic)
+            assert [m.record.value for m in got] == [r.value for r in want]  # FIFO per topic
+            for m, r in zip(got, want, strict=True):
+                assert m.generation == 0
+                assert (m.record.key, m.record.partition_key, m.record.headers) == (
+                    r.key, r.partition_key, r.headers)
+                assert m.record.hash_key == (r.key is not None and r.partition_key is None)
+                if r.timestamp_ms:
+                    assert m.record.timestamp_ms == r.timestamp_ms
+                else:  # no timestamp in the file: the time of intake
+                    assert before_ms <= m.record.timestamp_ms <= after_ms
+            assert view.total("messages_accepted", source="spool", topic=topic) == len(want)
+        assert view.total("spool_files_ingested") == 1
+        assert view.total("buffer_commits", writer="spool") >= 1
+        assert store.state_items(b"spool:") == []  # progress forgotten once the file is gone
+        assert len(store.state_items(b"spool-seen:")) == 1
+
+
+def test_bulk_intake_resumes_mid_block_from_the_committed_progress(tmp_path: Path) -> None:
+    records = [SpoolRecord("t", b"r-%d" % i) for i in range(1000)]
+    with intake_only(tmp_path) as intake:
+        path = place(intake, "resume.ferry", records, block_bytes=1500)
+        st = path.stat()
+        # What a crash leaves: the batches up to record 437 committed with their progress.
+        intake.store.update_state(puts={b"spool:0:resume.ferry": json.dumps(
+            {"identity": [st.st_ino, st.st_size, st.st_mtime_ns], "next": 437, "done": False,
+             "count": 1000}).encode()})
+        assert intake.scan_once() == 1
+        assert [m.record.value for m in buffered(intake.store, "t")] == [
+            r.value for r in records[437:]]
+
+
+def test_bulk_batches_are_capped_in_bytes_and_commit_with_their_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = [SpoolRecord("t", b"%04d" % i + b"x" * 996) for i in range(1500)]
+    calls: list[tuple[int, int, dict[str, Any]]] = []
+    with intake_only(tmp_path, max_bytes=4 * MB) as intake:
+        cap = 4 * MB // 8
+        store = intake.store
+        real = store.append_encoded
+
+        def spy(runs: Any, **kw: Any) -> int:
+            n = sum(len(values) for _, values, _ in runs)
+            weight = sum(len(v) + 64 for _, values, _ in runs for v in values)
+            doc = json.loads(kw["state_puts"][b"spool:0:big.ferry"])
+            calls.append((n, weight, doc))
+            return real(runs, **kw)
+
+        monkeypatch.setattr(store, "append_encoded", spy)
+        place(intake, "big.ferry", records, block_bytes=100_000)
+        assert intake.scan_once() == 1
+        assert [m.record.value for m in buffered(store, "t")] == [r.value for r in records]
+    assert len(calls) >= 1500 * 1087 // cap
+    assert all(weight < cap + 1100 for _, weight, _ in calls)
+    ends = list(itertools.accumulate(n for n, _, _ in calls))
+    assert [doc["next"] for _, _, doc in calls] == ends
+    assert [doc["done"] for _, _, doc in calls] == [False] * (len(calls) - 1) + [True]
+
+
+def test_a_topic_generation_bumped_before_intake_is_the_one_stored(tmp_path: Path) -> None:
+    with intake_only(tmp_path) as intake:
+        gen = intake.store.bump_generation("t")
+        place(intake, "g.ferry", [SpoolRecord("t", b"v")], block_bytes=1 << 20)
+        assert intake.scan_once() == 1
+        assert [m.generation for m in buffered(intake.store, "t")] == [gen]
+
+
+def test_a_malformed_record_in_an_intact_block_is_quarantined_before_its_batch(
+    tmp_path: Path,
+) -> None:
+    good = encode_record(SpoolRecord("t", b"fine"))
+    body = good + RECORD_HEADER.pack(31, 8, 1, 0, 0, 0, 0, 2) + b"tvv"  # unknown flags
+    header = FILE_HEADER.pack(b"FERRYSPL", 1, 0)
+    block = BLOCK_HEADER.pack(len(body), 2, zlib.crc32(body))
+    trailer = struct.pack("<I8sQI", 0, b"FERRYEND", 2, zlib.crc32(header + block))
+    with intake_only(tmp_path) as intake:
+        path = intake.dirs[0] / "buggy.ferry"
+        path.write_bytes(header + block + body + trailer)
+        _age(path)
+        assert intake.scan_once() == 0
+        reason = (intake.dirs[0] / "quarantine" / "buggy.ferry.reason").read_text()
+        assert "unknown record flags" in reason
+        assert intake.store.topic_stats() == []
+        assert intake.registry.view().total("messages_accepted", source="spool") == 0
+
+
+def test_stopping_mid_file_keeps_the_progress_and_a_new_intake_finishes_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = [SpoolRecord("t", b"s-%d" % i) for i in range(50_000)]  # three batches
+    with intake_only(tmp_path) as intake:
+        store = intake.store
+        real = store.append_encoded
+
+        def stop_after_first_batch(runs: Any, **kw: Any) -> int:
+            stored = real(runs, **kw)
+            intake._stop.set()  # noqa: SLF001 - what stop() does, without joining threads
+            return stored
+
+        monkeypatch.setattr(store, "append_encoded", stop_after_first_batch)
+        path = place(intake, "long.ferry", records, block_bytes=1 << 20)
+        assert intake.scan_once() == 0
+        assert path.exists()
+        first = len(buffered(store, "t"))
+        assert 0 < first < len(records)
+        monkeypatch.setattr(store, "append_encoded", real)
+        again = SpoolIntake(intake.runtime)
+        try:
+            assert again.scan_once() == 1
+        finally:
+            again.stop()
+        assert [m.record.value for m in buffered(store, "t")] == [r.value for r in records]
+        assert not path.exists()
