@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from agent.buffer import codec
 from agent.records import Record
-from spool.format import SpoolRecord, encode_file
+from spool.format import SpoolFormatError, SpoolRecord, encode_file
 from spool.reader import BinarySpoolReader, SpoolBlock
 from tests.spool.test_reader import BUGGY_BODIES, _file_with_body
 
@@ -126,3 +126,38 @@ def test_with_generation_equals_encoding_under_the_other_generation(
     record = Record("t", value, key, None, 5, (("h", b"x"),), False)
     assert codec.with_generation([codec.encode(record, old)], new) == [
         codec.encode(record, new)]
+
+
+@settings(max_examples=400, deadline=None)
+@given(records=st.lists(spool_records, min_size=1, max_size=8),
+       flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 255)),
+                      max_size=4),
+       count_delta=st.sampled_from([0, 0, 0, -1, 1]))
+def test_a_damaged_block_is_encoded_only_if_the_reader_takes_it_and_then_identically(
+    tmp_path_factory: pytest.TempPathFactory, records: list[SpoolRecord],
+    flips: list[tuple[float, int]], count_delta: int,
+) -> None:
+    """Whatever the bytes of a block (one whose CRC was resealed by a buggy writer), the bulk
+    encoder either declines or yields exactly what the reader's decoder + encode() yield."""
+    path = tmp_path_factory.mktemp("damaged") / "f.ferry"
+    (block,) = blocks_of(path, records, 1 << 30)
+    body = bytearray(block.body)
+    for where, value in flips:
+        body[int(where * len(body))] = value
+    count = max(block.record_count + count_delta, 1)
+    reader = BinarySpoolReader(path)
+    reader.topic_of(b"a")
+    bulk = codec.encode_spool_block(bytes(body), count, 0, {}, NOW, reader.topic_of)
+    damaged = SpoolBlock(0, count, block.offset, bytes(body))
+    try:
+        decoded = reader.decode_block(damaged)
+    except SpoolFormatError:
+        assert bulk is None
+        event("the reader refuses the block")
+        return
+    if bulk is not None:
+        event("both take the block")
+        assert [(t, v) for t, vs in bulk for v in vs] == [(r.topic, expected(r, 0))
+                                                          for r in decoded]
+    else:
+        event("only the reader takes the block")
