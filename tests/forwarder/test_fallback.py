@@ -73,11 +73,13 @@ def test_local_blackholed_fallback_topics_go_remote_others_wait(
     got = consume_all(remote.bootstrap, FB, 50, timeout=15)
     took = time.monotonic() - t0
     assert {m.value for m in got} == during_fb
-    assert took < 5, f"fallback took {took:.1f} s"  # speculative send after 250 ms
+    # Speculative send after 250 ms, or straight to remote once local is marked down (2 s):
+    # either way long before librdkafka would give up on the local send (300 s).
+    assert took < 30, f"fallback took {took:.1f} s"
     # Topics without fallback stay buffered while the local cluster is unreachable.
     assert _values(remote.bootstrap, PLAIN) == set()
-    stats = {s.topic: s.messages for s in agent.store.topic_stats()}
-    assert stats.get(PLAIN) == 50
+    wait_until(lambda: {s.topic: s.messages for s in agent.store.topic_stats()}.get(PLAIN) == 50,
+               timeout=15, message="plain-topic messages buffered")
     wait_until(lambda: agent.registry.view().total("cluster_up", cluster="local") == 0,
                timeout=15, message="local cluster reported down")
 
