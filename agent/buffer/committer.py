@@ -9,6 +9,7 @@ group, not per message. No source thread ever waits for an fsync unless it asks 
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -30,6 +31,9 @@ log = logging.getLogger(__name__)
 # What a callback receives: the ids of the group's messages, or the refusal.
 Result = list[bytes] | BufferFull | BufferUnavailable
 Callback = Callable[[Result], None]
+# One all-or-nothing group for ``submit_groups()``: its records, and optionally state to store
+# with them, derived from the ids they get (e.g. an idempotency key and its answer).
+Group = tuple[Sequence[Record], Callable[[list[bytes]], Mapping[bytes, bytes]] | None]
 
 
 class ShuttingDown(Exception):
@@ -45,6 +49,24 @@ class _Submission:
     state_deletes: Sequence[bytes] = ()
     weight: int = 0
     derive: Callable[[list[bytes]], Mapping[bytes, bytes]] | None = None
+
+
+class _Collect:
+    """Gathers the results of ``submit_groups()``'s groups; calls back once, with all."""
+
+    __slots__ = ("results", "remaining", "callback")
+
+    def __init__(self, n: int, callback: Callable[[list[Result]], None]) -> None:
+        self.results: list[Result] = [[] for _ in range(n)]
+        self.remaining = n
+        self.callback = callback
+
+    def __call__(self, index: int, result: Result) -> None:
+        # Only the writer thread calls this, so counting needs no lock.
+        self.results[index] = result
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.callback(self.results)
 
 
 @dataclass
@@ -126,6 +148,44 @@ class Committer:
                 raise ShuttingDown("the buffer is closing")
             self._pending.append(sub)
             self._pending_bytes += weight
+            self._cond.notify_all()
+        return True
+
+    def submit_groups(
+        self,
+        groups: Sequence[Group],
+        source: str,
+        callback: Callable[[list[Result]], None],
+    ) -> bool:
+        """Queue several independent groups at once; ``callback`` gets every group's result.
+
+        For a source that gathers many small requests before handing them over (the HTTP
+        event loop, once per loop iteration): one lock, one wake-up of the writer and one
+        callback for all of them, instead of one each. Each group is still stored entirely
+        or not at all, on its own: one refused group does not refuse the others. The callback
+        runs on the writer thread once the last group's commit is durable (the groups may span
+        commits), with the results in the order of ``groups``.
+
+        Never waits: returns False at once (nothing queued) when the queue is over
+        ``max_pending_bytes``. Raises ShuttingDown after ``close()``.
+        """
+        if not groups:
+            raise ValueError("submit_groups() needs at least one group")
+        collect = _Collect(len(groups), callback)
+        subs = []
+        total = 0
+        for i, (records, derive) in enumerate(groups):
+            weight = sum(r.size for r in records) + 64 * len(records)
+            total += weight
+            subs.append(_Submission(records, source, functools.partial(collect, i), None, (),
+                                    weight, derive))
+        with self._cond:
+            if self._closed:
+                raise ShuttingDown("the buffer is closing")
+            if self._pending_bytes > self.max_pending_bytes:
+                return False
+            self._pending += subs
+            self._pending_bytes += total
             self._cond.notify_all()
         return True
 
