@@ -2,14 +2,13 @@
 
 At tens of thousands of requests a second, a registry call per request (a lock, label checks)
 costs more than the rest of the bookkeeping; the event loop adds to a plain dict instead and
-flushes it to the registry every ``interval`` seconds (and whenever asked). Only the event
-loop thread touches it.
+a timer flushes it to the registry ``interval`` seconds after the first count since the last
+flush (and ``flush()`` whenever asked). Only the event loop thread adds.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 
 from agent.metrics import Registry
 
@@ -21,17 +20,13 @@ class LocalCounters:
         self.registry = registry
         self.interval = interval
         self._counts: dict[tuple[str, Labels], float] = {}
-        self._flush_at = 0.0
         self._timer: asyncio.TimerHandle | None = None
 
     def add(self, name: str, labels: Labels, amount: float = 1) -> None:
         key = (name, labels)
-        self._counts[key] = self._counts.get(key, 0) + amount
-        now = time.monotonic()
-        if now >= self._flush_at:
-            self.flush()
-            self._flush_at = now + self.interval
-        elif self._timer is None:
+        counts = self._counts
+        counts[key] = counts.get(key, 0) + amount
+        if self._timer is None:
             # Traffic may stop right here: make sure what was counted gets out anyway.
             try:
                 loop = asyncio.get_running_loop()
@@ -39,6 +34,11 @@ class LocalCounters:
                 self.flush()
                 return
             self._timer = loop.call_later(self.interval, self._timed_flush)
+
+    def detach(self) -> None:
+        """Counting moves to another event loop: forget the old loop's timer."""
+        self.flush()
+        self._timer = None
 
     def _timed_flush(self) -> None:
         self._timer = None

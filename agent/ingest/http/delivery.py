@@ -39,20 +39,22 @@ Locate = Callable[[bytes], str | None]
 
 
 class CompletionBridge:
-    """Resolve asyncio futures from another thread, one loop wake-up per burst."""
+    """Run callables on the event loop from another thread, one loop wake-up per burst."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._lock = threading.Lock()
-        self._ready: list[tuple[asyncio.Future[Any], Any]] = []
+        self._ready: list[tuple[Callable[[Any], None], Any]] = []
         self._scheduled = False
 
     def callback(self, future: asyncio.Future[Any]) -> Callable[[Any], None]:
-        return functools.partial(self._complete, future)
+        """A callable for another thread that resolves ``future`` with its argument."""
+        return functools.partial(self.post, functools.partial(_settle_any, future))
 
-    def _complete(self, future: asyncio.Future[Any], result: Any) -> None:
+    def post(self, fn: Callable[[Any], None], arg: Any) -> None:
+        """From any thread: run ``fn(arg)`` on the loop soon."""
         with self._lock:
-            self._ready.append((future, result))
+            self._ready.append((fn, arg))
             if self._scheduled:
                 return
             self._scheduled = True
@@ -63,9 +65,16 @@ class CompletionBridge:
         with self._lock:
             ready, self._ready = self._ready, []
             self._scheduled = False
-        for future, result in ready:
-            if not future.done():
-                future.set_result(result)
+        for fn, arg in ready:
+            try:
+                fn(arg)
+            except Exception:  # noqa: BLE001 - one bad callback must not strand the others
+                log.exception("a completion callback failed")
+
+
+def _settle_any(future: asyncio.Future[Any], result: Any) -> None:
+    if not future.done():
+        future.set_result(result)
 
 
 def store_locate(store: Store) -> Locate:
