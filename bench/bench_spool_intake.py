@@ -1,6 +1,11 @@
 """Spool intake into the buffer: binary spool files -> SpoolIntake -> durable LMDB commits.
 
     .venv/bin/python bench/bench_spool_intake.py [--records 1000000] [--files 4] [--size 200]
+        [--topics 1] [--headers]
+
+``--topics N`` spreads the records round robin over N topics (the worst case for the bulk
+path's runs of one topic); ``--headers`` gives every record a header (the record-at-a-time
+fallback).
 
 No Kafka: this measures the ingest half (read + verify + convert + commit with progress).
 Prints records/s from the first scan to the last file finished, and the buffer's count.
@@ -31,6 +36,8 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--files", type=int, default=4)
     ap.add_argument("--size", type=int, default=200)
+    ap.add_argument("--topics", type=int, default=1)
+    ap.add_argument("--headers", action="store_true")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ferry-bench-intake-") as tmp:
         root = Path(tmp)
@@ -38,9 +45,12 @@ def main() -> None:
         staging.mkdir()
         per = args.records // args.files
         value = b"v" * args.size
+        topics = [f"bench-{t}" if args.topics > 1 else "bench" for t in range(args.topics)]
+        headers = (("trace-id", b"0123456789abcdef"),) if args.headers else ()
         for i in range(args.files):
             with SpoolWriter(staging, f"bench-{i}.ferry") as w:
-                w.write_many(SpoolRecord("bench", value) for _ in range(per))
+                w.write_many(SpoolRecord(topics[n % len(topics)], value, headers=headers)
+                             for n in range(per))
         config = FerryConfig(buffer=BufferConfig(path=root / "buffer", max_bytes=8 * 1024**3),
                              spool=SpoolConfig(dirs=[root / "spool"]))
         registry = Registry()

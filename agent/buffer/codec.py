@@ -108,13 +108,18 @@ def encode_spool_block(
     generations: Mapping[str, int],
     now_ms: int,
     topic_of: Callable[[bytes], str | None],
-) -> list[tuple[str, list[bytes]]] | None:
+    *,
+    by_topic: bool = False,
+) -> list[tuple[str, list[bytes], int]] | None:
     """Buffer values for the records of one binary spool block body, without Record objects.
 
     ``body`` is a block body that passed its CRC check (spool.format describes the layout).
-    Returns runs of consecutive records of one topic: ``(topic, values)``, the values encoded
-    under ``generations.get(topic, 0)``, leaving out the block's first ``skip`` records (they
-    are checked all the same). A record without a timestamp gets ``now_ms``.
+    Returns runs of consecutive records of one topic: ``(topic, values, generation)``, the
+    values encoded under ``generation = generations.get(topic, 0)``, leaving out the block's
+    first ``skip`` records (they are checked all the same). A record without a timestamp
+    gets ``now_ms``. With ``by_topic`` there is one run per topic instead, each holding the
+    topic's records in block order (for a caller that takes the whole block at once: order
+    within a topic is what the buffer keeps).
 
     Returns None, having decided nothing, for any block it does not handle in bulk: a record
     with headers, a record that breaks the format, a topic ``topic_of`` does not accept, a
@@ -129,11 +134,13 @@ def encode_spool_block(
     end = len(body)
     pos = 0
     index = 0
-    runs: list[tuple[str, list[bytes]]] = []
+    runs: list[tuple[str, list[bytes], int]] = []
     raw_topic = b""
     values: list[bytes] = []
     append = values.append
     generation = 0
+    # by_topic: raw topic -> (its run's list.append, generation)
+    seen: dict[bytes, tuple[Callable[[bytes], None], int]] = {}
     try:
         while pos < end:
             length, flags, tlen, hcount, pk, ts, klen, vlen = unpack(body, pos)
@@ -150,14 +157,20 @@ def encode_spool_block(
                 return None
             raw = body[pos + fixed : q]
             if raw != raw_topic:
-                topic = topic_of(raw)
-                if topic is None:
-                    return None
                 raw_topic = raw
-                values = []
-                append = values.append
-                runs.append((topic, values))
-                generation = generations.get(topic, 0)
+                known = seen.get(raw)
+                if known is not None:
+                    append, generation = known
+                else:
+                    topic = topic_of(raw)
+                    if topic is None:
+                        return None
+                    values = []
+                    append = values.append
+                    generation = generations.get(topic, 0)
+                    runs.append((topic, values, generation))
+                    if by_topic:
+                        seen[raw] = (append, generation)
             if index >= skip:
                 # Key and value lie back to back in both layouts: one slice carries both.
                 append(pack(VERSION, flag_map[flags], generation, ts or now_ms, pk, klen, 0)

@@ -399,12 +399,24 @@ class Store:
         The bulk path of spool intake: ``runs`` are ``(topic, values, generation)``, each value
         already encoded by codec.py under ``generation``; a run whose topic has since moved to
         another generation is re-encoded under the current one here, inside the transaction.
-        Ids are allocated in the transaction as in ``append``, in run order, so each topic's
-        FIFO order is the order of the runs. Counts are updated once per topic.
+        Ids are allocated in the transaction as in ``append``; each topic's messages get
+        them in run order, so its FIFO order is the order of its runs (ids of different
+        topics in one call are not in run order). Counts are updated once per topic.
         ``state_puts``/``state_deletes`` are written in the same transaction. Raises
         BufferFull when the messages do not fit (nothing is written), and BufferUnavailable
         as ``append`` does.
         """
+
+        # Runs of one topic are stored together, in run order: each topic's FIFO order is the
+        # order of its runs, and a file whose records alternate between topics costs one
+        # key list and one putmulti per topic rather than per run.
+        groups: dict[str, tuple[list[bytes], set[int]]] = {}
+        for topic, values, encoded_under in runs:
+            group = groups.get(topic)
+            if group is None:
+                group = groups[topic] = ([], set())
+            group[0].extend(values)
+            group[1].add(encoded_under)
 
         def body(txn: lmdb.Transaction) -> int:
             room = self.max_bytes - self._used(txn) if enforce_limit else 1 << 62
@@ -412,56 +424,49 @@ class Store:
             last_ts, seq = keys.ID.unpack(raw) if raw else (0, 0)
             ts = max(int(time.time() * 1000), last_ts)
             seq = seq + 1 if ts == last_ts else 0
-            items: list[tuple[list[bytes], Sequence[bytes]]] = []
+            items: list[tuple[list[bytes], list[bytes]]] = []
             counts: dict[str, list[int]] = {}
-            generations: dict[str, int] = {}
             need = 0
-            total = 0
-            for topic, values, encoded_under in runs:
+            for topic, (values, encoded_under) in groups.items():
                 n = len(values)
                 if not n:
                     continue
-                generation = generations.get(topic)
-                if generation is None:
-                    generation = generations[topic] = self._generation(txn, topic)
-                if generation != encoded_under:
+                generation = self._generation(txn, topic)
+                if encoded_under != {generation}:
+                    # Rare (the topic was deleted or recreated since): every value is
+                    # rewritten under the current generation, inside this transaction.
                     values = codec.with_generation(values, generation)
                 prefix = keys.topic_prefix(topic)
                 if seq + n - 1 > 0xFFFFFFFF:
-                    # The sequence would wrap within this run: ids per message, as in append.
-                    run_keys = []
+                    # The sequence would wrap within this topic: ids one by one, as in append.
+                    topic_keys = []
                     for _ in range(n):
                         if seq > 0xFFFFFFFF:
                             ts, seq = ts + 1, 0
-                        run_keys.append(prefix + keys.ID.pack(ts, seq))
+                        topic_keys.append(prefix + keys.ID.pack(ts, seq))
                         seq += 1
                 else:
                     base = prefix + ts.to_bytes(8, "big")
                     pack_seq = _SEQ.pack
-                    run_keys = [base + pack_seq(s) for s in range(seq, seq + n)]
+                    topic_keys = [base + pack_seq(s) for s in range(seq, seq + n)]
                     seq += n
                 size = sum(map(len, values)) + n * (len(prefix) + keys.ID_LEN)
                 need += size + n * RECORD_OVERHEAD
-                c = counts.get(topic)
-                if c is None:
-                    c = counts[topic] = [0, 0]
-                c[0] += n
-                c[1] += size
-                items.append((run_keys, values))
-                total += n
+                counts[topic] = [n, size]
+                items.append((topic_keys, values))
             if need > room:
                 raise BufferFull(f"buffer full: {need} bytes do not fit in the {max(room, 0)} left")
-            if total:
+            if items:
                 with txn.cursor(self._messages) as cur:
-                    for run_keys, values in items:
-                        cur.putmulti(zip(run_keys, values, strict=True))
+                    for topic_keys, values in items:
+                        cur.putmulti(zip(topic_keys, values, strict=True))
                 txn.put(_LAST_ID, keys.ID.pack(ts, max(seq - 1, 0)), db=self._meta)
                 self._adjust_counts(txn, counts, +1)
             for sk, sv in (state_puts or {}).items():
                 txn.put(sk, sv, db=self._state)
             for sk in state_deletes:
                 txn.delete(sk, db=self._state)
-            return total
+            return sum(c[0] for c in counts.values())
 
         result: int = self._write(body)
         return result

@@ -436,21 +436,23 @@ class _Progress:
 
 def _encode_records(
     records: list[SpoolRecord], generations: Mapping[str, int], now_ms: int
-) -> list[tuple[str, list[bytes]]]:
+) -> list[_Run]:
     """Buffer values of decoded spool records (those with headers), in runs of one topic."""
-    runs: list[tuple[str, list[bytes]]] = []
+    runs: list[_Run] = []
     topic = ""
     values: list[bytes] = []
+    generation = 0
     for r in records:
         if r.topic != topic or not runs:
             topic = r.topic
             values = []
-            runs.append((topic, values))
+            generation = generations.get(topic, 0)
+            runs.append((topic, values, generation))
         key = r.key
         values.append(codec.encode(
             Record(topic, r.value, key, r.partition_key, r.timestamp_ms or now_ms, r.headers,
                    key is not None and r.partition_key is None),
-            generations.get(topic, 0)))
+            generation))
     return runs
 
 
@@ -502,15 +504,26 @@ def _bulk_batches(
     next_index = start
     for block in reader.iter_blocks(start, verify_first=False):
         skip = max(start - block.first, 0)
+        count = block.record_count - skip
+        # An encoded message is shorter than its spool record, so this tells before encoding
+        # that the whole block fits into the batch: then its messages can be grouped by topic
+        # (a file whose records alternate between topics would otherwise make a run of one
+        # message each), since the batch commits whole and each topic keeps its order.
+        whole = n + count < BATCH and weight + len(block.body) + _WEIGHT * count < max_bytes
         encoded = encode_spool_block(block.body, block.record_count, skip, generations, now_ms,
-                                     reader.topic_of)
+                                     reader.topic_of, by_topic=whole)
         if encoded is None:
             # Headers, or something the bulk encoder does not take: the reader decodes the
             # block (raising SpoolFormatError if it is malformed) and codec encodes it.
             encoded = _encode_records(reader.decode_block(block, start), generations, now_ms)
         next_index = block.first + skip
-        for topic, values in encoded:
-            generation = generations.get(topic, 0)
+        if whole:
+            runs += encoded
+            n += count
+            weight += sum(sum(map(len, values)) for _, values, _ in encoded) + _WEIGHT * count
+            next_index += count
+            continue
+        for topic, values, generation in encoded:
             i = 0
             while i < len(values):
                 room = BATCH - n

@@ -42,9 +42,9 @@ def blocks_of(path: Path, records: list[SpoolRecord], block_bytes: int) -> list[
 
 def encode_all(
     blocks: list[SpoolBlock], generations: dict[str, int], start: int = 0
-) -> list[tuple[str, list[bytes]]]:
+) -> list[tuple[str, list[bytes], int]]:
     reader = BinarySpoolReader("unused.ferry")
-    out: list[tuple[str, list[bytes]]] = []
+    out: list[tuple[str, list[bytes], int]] = []
     for b in blocks:
         runs = codec.encode_spool_block(b.body, b.record_count, max(start - b.first, 0),
                                         generations, NOW, reader.topic_of)
@@ -64,13 +64,24 @@ def test_values_equal_encode_of_each_record_in_runs_of_one_topic(
     generations = {"a": 3, "orders.v2": 1}
     blocks = [b for b in blocks_of(path, records, block_bytes) if b.first + b.record_count > start]
     runs = encode_all(blocks, generations, start)
-    assert [(t, v) for t, vs in runs for v in vs] == [
+    assert [(t, v) for t, vs, _ in runs for v in vs] == [
         (r.topic, expected(r, generations.get(r.topic, 0))) for r in records[start:]]
-    assert all(vs for _, vs in runs)
+    assert all(vs for _, vs, _ in runs)
+    assert all(g == generations.get(t, 0) for t, _, g in runs)
     for b in blocks:  # within a block, a run ends only where the topic changes
         per_block = encode_all([b], generations, start)
         assert all(per_block[i][0] != per_block[i + 1][0] for i in range(len(per_block) - 1))
-    for topic, values in runs:
+    for b in blocks:  # by_topic: one run per topic, each in block order
+        reader = BinarySpoolReader("unused.ferry")
+        grouped = codec.encode_spool_block(b.body, b.record_count, max(start - b.first, 0),
+                                           generations, NOW, reader.topic_of, by_topic=True)
+        assert grouped is not None
+        mine = records[max(start, b.first):b.first + b.record_count]
+        assert len({t for t, _, _ in grouped}) == len(grouped)
+        assert {t: (vs, g) for t, vs, g in grouped} == {
+            t: ([expected(r, generations.get(t, 0)) for r in mine if r.topic == t],
+                generations.get(t, 0)) for t in {r.topic for r in mine}}
+    for topic, values, _ in runs:
         decoded = [codec.decode(topic, v) for v in values]
         assert all(g == generations.get(topic, 0) for _, g in decoded)
 
@@ -157,7 +168,7 @@ def test_a_damaged_block_is_encoded_only_if_the_reader_takes_it_and_then_identic
         return
     if bulk is not None:
         event("both take the block")
-        assert [(t, v) for t, vs in bulk for v in vs] == [(r.topic, expected(r, 0))
+        assert [(t, v) for t, vs, _ in bulk for v in vs] == [(r.topic, expected(r, 0))
                                                           for r in decoded]
     else:
         event("only the reader takes the block")

@@ -117,3 +117,13 @@ def test_the_sequence_wraps_into_the_next_millisecond(store: Store, clock: FakeC
     ids = [keys.ID.unpack(m.id) for m in read_all(store, "t")]
     assert ids[1:] == [(ms, 0xFFFFFFFF), (ms + 1, 0), (ms + 1, 1), (ms + 1, 2)]
     assert values(store, "t") == [b"%d" % i for i in range(5)]
+
+
+def test_runs_of_alternating_topics_keep_each_topics_order(store: Store) -> None:
+    a = [rec("a", b"a%d" % i) for i in range(6)]
+    b = [rec("b", b"b%d" % i) for i in range(6)]
+    runs = [run(a[0:1]), run(b[0:2]), run(a[1:4]), run(b[2:3]), run(a[4:6]), run(b[3:6])]
+    assert store.append_encoded(runs) == 12
+    assert values(store, "a") == [r.value for r in a]
+    assert values(store, "b") == [r.value for r in b]
+    assert {t: n for t, (n, _) in stats(store).items()} == {"a": 6, "b": 6}
