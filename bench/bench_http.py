@@ -74,7 +74,11 @@ def serve(root: str, conn: Connection, linger_ms: float | None = None,
                           else linger_ms)
     committer.start()
     runtime = Runtime(cfg, store, committer, registry)
-    server = HttpServer(runtime, create_app(runtime))
+    # Without --switch-interval the server lowers it as in production (SWITCH_INTERVAL).
+    if switch_interval is None:
+        server = HttpServer(runtime, create_app(runtime))
+    else:
+        server = HttpServer(runtime, create_app(runtime), switch_interval=None)
     server.start()
     runtime.set_phase(Phase.RUNNING)
     conn.send(server.port)
@@ -323,7 +327,8 @@ def main() -> None:
     ap.add_argument("--linger-ms", type=float, default=None,
                     help="the group commit's linger (default: buffer.commit_interval_ms, 2)")
     ap.add_argument("--switch-interval", type=float, default=None,
-                    help="sys.setswitchinterval() of the server process (default 0.005 s)")
+                    help="sys.setswitchinterval() of the server process (default: what "
+                    "HttpServer sets, agent.ingest.http.server.SWITCH_INTERVAL)")
     ap.add_argument("--kafka", action="store_true",
                     help="full agent + tansu broker; topic ack_timeout_ms=65 (201 path)")
     args = ap.parse_args()

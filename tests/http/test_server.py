@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import socket
+import sys
 from collections.abc import Callable
 
 import httpx
 import pytest
 
-from agent.ingest.http.server import HttpBindError, HttpServer
+from agent.ingest.http.server import SWITCH_INTERVAL, HttpBindError, HttpServer
 from agent.runtime import Phase
 from tests.http.harness import Served
 
@@ -55,3 +56,16 @@ def test_stop_refuses_new_work_and_closes_the_listener(serve: Callable[..., Serv
         httpx.get(served.url + "/status/ping", timeout=5)
     served.server.stop(5.0)  # idempotent
     assert len(served.messages("t")) == 1
+
+
+@pytest.mark.parametrize(("before", "after"), [(0.005, SWITCH_INTERVAL), (0.0002, 0.0002)])
+def test_serving_lowers_the_gil_switch_interval_and_never_raises_it(
+    serve: Callable[..., Served], before: float, after: float
+) -> None:
+    original = sys.getswitchinterval()
+    sys.setswitchinterval(before)
+    try:
+        serve()
+        assert sys.getswitchinterval() == pytest.approx(after)
+    finally:
+        sys.setswitchinterval(original)
