@@ -15,6 +15,7 @@ import pytest
 
 from agent.buffer import keys
 from agent.buffer.store import Outcome
+from agent.ingest.http.publish import _id_list
 from agent.runtime import Phase
 from tests.http.harness import Served
 from tests.waiting import wait_until
@@ -478,3 +479,11 @@ def test_every_message_received_is_accepted_or_rejected(serve: Callable[..., Ser
     accepted = served.counter("messages_accepted", source="http")
     rejected = served.counter("messages_rejected", source="http")
     assert (received, accepted, rejected) == (12, 5, 7)
+
+
+@pytest.mark.parametrize("ids", [
+    [], [bytes(range(12))], [bytes(range(i, i + 12)) for i in range(50)],
+    [b"\x01\x02", bytes(range(12))],  # not the usual id length: still each id's hex
+])
+def test_a_batch_answer_lists_each_id_as_its_hex_text(ids: list[bytes]) -> None:
+    assert json.loads(b"[" + _id_list(ids) + b"]") == [keys.id_text(i) for i in ids]
