@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_http.py [--mode single|batch|both] [--seconds 10]
         [--connections 50] [--size 200] [--batch 1000] [--client wrk|python] [--kafka]
-        [--dir PATH] [--linger-ms MS] [--switch-interval S]
+        [--dir PATH] [--linger-ms MS] [--switch-interval S] [--no-tune-gc]
 
 The server is Ferry's HTTP stage as in production (``create_app`` + ``HttpServer``: uvicorn,
 uvloop, httptools) over a real ``Store`` and group ``Committer`` in a temporary directory
@@ -48,7 +48,7 @@ _LENGTH = re.compile(rb"content-length: *(\d+)", re.IGNORECASE)
 
 # -- server process ------------------------------------------------------------------------
 def serve(root: str, conn: Connection, linger_ms: float | None = None,
-          switch_interval: float | None = None) -> None:
+          switch_interval: float | None = None, tune_gc: bool = True) -> None:
     from agent.buffer.committer import Committer
     from agent.buffer.store import Store
     from agent.config import FerryConfig
@@ -76,9 +76,10 @@ def serve(root: str, conn: Connection, linger_ms: float | None = None,
     runtime = Runtime(cfg, store, committer, registry)
     # Without --switch-interval the server lowers it as in production (SWITCH_INTERVAL).
     if switch_interval is None:
-        server = HttpServer(runtime, create_app(runtime))
+        server = HttpServer(runtime, create_app(runtime), tune_gc=tune_gc)
     else:
-        server = HttpServer(runtime, create_app(runtime), switch_interval=None)
+        server = HttpServer(runtime, create_app(runtime), switch_interval=None,
+                            tune_gc=tune_gc)
     server.start()
     runtime.set_phase(Phase.RUNNING)
     conn.send(server.port)
@@ -329,6 +330,9 @@ def main() -> None:
     ap.add_argument("--switch-interval", type=float, default=None,
                     help="sys.setswitchinterval() of the server process (default: what "
                     "HttpServer sets, agent.ingest.http.server.SWITCH_INTERVAL)")
+    ap.add_argument("--no-tune-gc", dest="tune_gc", action="store_false",
+                    help="leave the garbage collector as CPython sets it (HttpServer "
+                    "otherwise freezes the startup heap and raises the young threshold)")
     ap.add_argument("--kafka", action="store_true",
                     help="full agent + tansu broker; topic ack_timeout_ms=65 (201 path)")
     args = ap.parse_args()
@@ -348,7 +352,8 @@ def main() -> None:
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
         server = ctx.Process(target=serve, args=(str(Path(tmp) / "buffer"), child,
-                                                 args.linger_ms, args.switch_interval))
+                                                 args.linger_ms, args.switch_interval,
+                                                 args.tune_gc))
         server.start()
         port = parent.recv()
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import socket
 import sys
 from collections.abc import Callable
@@ -9,7 +10,12 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from agent.ingest.http.server import SWITCH_INTERVAL, HttpBindError, HttpServer
+from agent.ingest.http.server import (
+    GC_GEN0_THRESHOLD,
+    SWITCH_INTERVAL,
+    HttpBindError,
+    HttpServer,
+)
 from agent.runtime import Phase
 from tests.http.harness import Served
 
@@ -69,3 +75,17 @@ def test_serving_lowers_the_gil_switch_interval_and_never_raises_it(
         assert sys.getswitchinterval() == pytest.approx(after)
     finally:
         sys.setswitchinterval(original)
+
+
+def test_serving_freezes_the_startup_heap_and_raises_the_young_gc_threshold(
+    serve: Callable[..., Served],
+) -> None:
+    original = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
+    try:
+        serve()
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == (GC_GEN0_THRESHOLD, 10, 10)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*original)
