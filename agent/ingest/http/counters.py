@@ -23,7 +23,10 @@ class LocalCounters:
         self._timer: asyncio.TimerHandle | None = None
 
     def add(self, name: str, labels: Labels, amount: float = 1) -> None:
-        key = (name, labels)
+        self.add_key((name, labels), amount)
+
+    def add_key(self, key: tuple[str, Labels], amount: float = 1) -> None:
+        """``add()`` with the (name, labels) pair built once by the caller."""
         counts = self._counts
         counts[key] = counts.get(key, 0) + amount
         if self._timer is None:

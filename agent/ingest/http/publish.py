@@ -133,11 +133,11 @@ class Publisher:
         try:
             status, headers, body, n = await self._publish(scope, receive, topic, batch)
             # Every message a client hands over is received, then accepted or rejected.
-            self.counters.add("messages_received", _SOURCE, n)
+            self.counters.add_key(_RECEIVED, n)
         except HttpError as exc:
             status, body = exc.status, exc.body()
             headers = exc.headers(body)
-            self.counters.add("messages_received", _SOURCE, exc.count)
+            self.counters.add_key(_RECEIVED, exc.count)
             if exc.reason is not None:
                 self.counters.add("messages_rejected", (*_SOURCE, ("reason", exc.reason)),
                                   exc.count)
@@ -151,7 +151,7 @@ class Publisher:
                             "The error is in Ferry's log.", close=True)
             status, body = 500, err.body()
             headers = err.headers(body)
-        self.counters.add("http_requests", (("route", route), ("status", _STATUS[status])))
+        self.counters.add_key(_REQUESTS[batch][status])
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
@@ -420,27 +420,33 @@ class Publisher:
 
     async def _answer(self, topic: str, ids: list[bytes], settings: TopicConfig, batch: bool,
                       replayed: bool = False) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        delivered = False
         timeout_ms = min(settings.ack_timeout_ms, MAX_ACK_WAIT_MS)
-        if timeout_ms > 0 and self.track:
-            _, watcher = self._bind()
-            delivered = await watcher.wait(topic, ids, timeout_ms / 1000)
-        status = 201 if delivered else 202
-        flag = b"true" if delivered else b"false"
-        if batch:
-            body = (b'{"ids":[' + _id_list(ids) + b'],"count":' + str(len(ids)).encode()
-                    + b',"delivered":' + flag + b"}")
-            headers = [(b"content-type", JSON_CONTENT_TYPE),
-                       (b"content-length", str(len(body)).encode())]
-        else:
-            mid = keys.id_text(ids[0]).encode()
-            body = b'{"id":"' + mid + b'","delivered":' + flag + b"}"
-            headers = [(b"content-type", JSON_CONTENT_TYPE),
-                       (b"content-length", str(len(body)).encode()),
-                       (b"ferry-message-id", mid), (b"hermes-message-id", mid)]
-        if replayed:
-            headers.append((b"idempotent-replayed", b"true"))
-        return status, headers, body
+        if timeout_ms <= 0 or not self.track:
+            return _response(ids, batch, False, replayed)
+        _, watcher = self._bind()
+        delivered = await watcher.wait(topic, ids, timeout_ms / 1000)
+        return _response(ids, batch, delivered, replayed)
+
+
+def _response(ids: list[bytes], batch: bool, delivered: bool, replayed: bool
+              ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """Status, headers and body of a publish that stored (or had stored) ``ids``."""
+    status = 201 if delivered else 202
+    flag = b"true" if delivered else b"false"
+    if batch:
+        body = (b'{"ids":[' + _id_list(ids) + b'],"count":' + str(len(ids)).encode()
+                + b',"delivered":' + flag + b"}")
+        headers = [(b"content-type", JSON_CONTENT_TYPE),
+                   (b"content-length", str(len(body)).encode())]
+    else:
+        mid = keys.id_text(ids[0]).encode()
+        body = b'{"id":"' + mid + b'","delivered":' + flag + b"}"
+        headers = [(b"content-type", JSON_CONTENT_TYPE),
+                   (b"content-length", str(len(body)).encode()),
+                   (b"ferry-message-id", mid), (b"hermes-message-id", mid)]
+    if replayed:
+        headers.append((b"idempotent-replayed", b"true"))
+    return status, headers, body
 
 
 _Derive = Callable[[list[bytes]], dict[bytes, bytes]]
@@ -461,7 +467,12 @@ class _Disconnected(Exception):
 
 
 _INTEGER = re.compile(rb"[+-]?[0-9]{1,12}")
-_STATUS = {code: str(code) for code in range(100, 600)}
+# Counter keys of the publish path, built once (LocalCounters.add_key).
+_RECEIVED = ("messages_received", _SOURCE)
+_REQUESTS = {batch: {code: ("http_requests", (("route", "batch" if batch else "publish"),
+                                              ("status", str(code))))
+                     for code in range(100, 600)}
+             for batch in (False, True)}
 
 
 def _limit_name(topic: str, batch: bool) -> str:
