@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
-from agent.ingest.http.delivery import DeliveryWatcher
+from agent.ingest.http.delivery import CompletionBridge, DeliveryWatcher
 
 
 class States:
@@ -67,3 +68,37 @@ def test_no_wait_without_a_timeout_or_ids() -> None:
     assert run(watcher.wait("t", [b"a"], 0)) is False
     assert run(watcher.wait("t", [], 1.0)) is False
     watcher.close()
+
+
+def test_the_bridge_runs_other_threads_posts_on_the_loop_in_order() -> None:
+    # What the writer thread does with a hand-over's results: post them to the loop. Every
+    # post runs on the loop thread, in posting order, and one that raises does not stop the
+    # others behind it.
+    async def main() -> tuple[list[int], set[int]]:
+        loop = asyncio.get_running_loop()
+        bridge = CompletionBridge(loop)
+        ran: list[int] = []
+        threads: set[int] = set()
+        done = loop.create_future()
+
+        def note(i: int) -> None:
+            threads.add(threading.get_ident())
+            if i == 3:
+                raise ValueError("a bad callback")
+            ran.append(i)
+            if i == 99:
+                done.set_result(None)
+
+        def writer() -> None:
+            for i in range(100):
+                bridge.post(note, i)
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        await asyncio.wait_for(done, 30)
+        thread.join()
+        return ran, threads
+
+    ran, threads = asyncio.run(main())
+    assert ran == [i for i in range(100) if i != 3]
+    assert threads == {threading.get_ident()}

@@ -2,7 +2,7 @@
 
 ``CompletionBridge`` carries the committer's callbacks (run on the writer thread) to the
 event loop. One group commit completes many requests at once; the bridge wakes the loop once
-for all of them rather than once per request.
+for all the callbacks that arrive before the loop gets to them, not once per callback.
 
 ``DeliveryWatcher`` answers "did Kafka acknowledge these ids within the topic's
 ack_timeout_ms?", which decides 201 over 202. The forwarder runs in another process and
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -47,10 +46,6 @@ class CompletionBridge:
         self._ready: list[tuple[Callable[[Any], None], Any]] = []
         self._scheduled = False
 
-    def callback(self, future: asyncio.Future[Any]) -> Callable[[Any], None]:
-        """A callable for another thread that resolves ``future`` with its argument."""
-        return functools.partial(self.post, functools.partial(_settle_any, future))
-
     def post(self, fn: Callable[[Any], None], arg: Any) -> None:
         """From any thread: run ``fn(arg)`` on the loop soon."""
         with self._lock:
@@ -70,11 +65,6 @@ class CompletionBridge:
                 fn(arg)
             except Exception:  # noqa: BLE001 - one bad callback must not strand the others
                 log.exception("a completion callback failed")
-
-
-def _settle_any(future: asyncio.Future[Any], result: Any) -> None:
-    if not future.done():
-        future.set_result(result)
 
 
 def store_locate(store: Store) -> Locate:
