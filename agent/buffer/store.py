@@ -80,7 +80,9 @@ class StateChange:
     derive: Callable[[list[bytes]], Mapping[bytes, bytes]] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen (one is made per message read on the forwarder's hot path, and a frozen
+# dataclass's __init__ costs several times as much); treat instances as immutable all the same.
+@dataclass(slots=True, eq=False)
 class StoredMessage:
     key: bytes  # LMDB key: topic NUL id
     id: bytes
@@ -126,11 +128,6 @@ class Outcome:
 _TRACK = struct.Struct(">Biqq")
 _STATES = {"delivered": 1, "discarded": 2}
 _STATE_NAMES = {v: k for k, v in _STATES.items()}
-
-
-def _pack_outcome(o: Outcome, now_ms: int) -> bytes:
-    return _TRACK.pack(_STATES[o.state], o.partition, o.offset, now_ms) + (
-        f"{o.topic}\0{o.cluster}\0{o.reason}".encode())
 
 
 def _unpack_outcome(raw: bytes) -> dict[str, Any]:
@@ -588,11 +585,17 @@ class Store:
             removed: list[bool] = []
             counts: dict[str, list[int]] = {}
             now_ms = int(time.time() * 1000)
-            track = self.track
-            tracking = self._tracking
+            tracked: list[tuple[bytes, bytes]] = []
+            # The tail of a tracking value ("topic NUL cluster NUL reason") repeats for nearly
+            # every message of a batch: encode each distinct one once.
+            tails: dict[tuple[str, str, str], bytes] = {}
+            pack = _TRACK.pack
+            states = _STATES
+            delete = txn.delete
             messages = self._messages
+            track = self.track
             for o in outcomes:
-                ok = txn.delete(o.key, db=messages)
+                ok = delete(o.key, b"", messages)  # positional: this runs once per message
                 removed.append(ok)
                 if not ok:
                     continue
@@ -602,10 +605,17 @@ class Store:
                 c[0] += 1
                 c[1] += o.stored_bytes
                 if track:
-                    txn.put(o.key[-keys.ID_LEN:], _pack_outcome(o, now_ms), db=tracking)
+                    tk = (o.topic, o.cluster, o.reason)
+                    tail = tails.get(tk)
+                    if tail is None:
+                        tail = tails[tk] = f"{o.topic}\0{o.cluster}\0{o.reason}".encode()
+                    tracked.append((o.key[-keys.ID_LEN:],
+                                    pack(states[o.state], o.partition, o.offset, now_ms) + tail))
             self._adjust_counts(txn, counts, -1)
-            if self.track:
-                self._prune_tracking(txn, now_ms, len(outcomes))
+            if tracked:
+                with txn.cursor(self._tracking) as cur:
+                    cur.putmulti(tracked)
+                self._prune_tracking(txn, now_ms, len(tracked))
             return removed
 
         result: list[bool] = self._write(body)

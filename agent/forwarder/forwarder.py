@@ -69,6 +69,17 @@ class Flight:
     sent_remote_at: float = 0.0
     done: bool = False
     last_error: str = ""
+    # Where a local send's delivery report goes: the Flight itself is the on_delivery callback
+    # of the common path, which saves a partial per message.
+    sink: list[_Report] | None = None
+
+    def __call__(self, err: KafkaError | None, msg: Message) -> None:
+        # Runs inside poll() on the forwarder's thread: just record; _handle_reports works.
+        assert self.sink is not None
+        self.sink.append((self, LOCAL, err, msg))
+
+
+_Report = tuple[Flight, str, KafkaError | None, Message]
 
 
 @dataclass(slots=True)
@@ -118,7 +129,8 @@ class Forwarder:
         self.backoff_max = fwd.retry_backoff_max_ms / 1000.0
         self._topics: dict[str, _TopicState] = {}
         self._in_flight = 0
-        self._reports: list[tuple[Flight, str, KafkaError | None, int, int]] = []
+        # One list for the forwarder's life: every local Flight in flight holds it as its sink.
+        self._reports: list[_Report] = []
         self._retry_topics: set[str] = set()
         self._speculative: deque[tuple[float, Flight]] = deque()
         self._leaving = _Leaving()
@@ -241,7 +253,7 @@ class Forwarder:
         """The common case, kept tight (it runs once per message): one local cluster, the
         topic's partitions known. Same rules as ``_send``, without its branches."""
         produce = producer.produce
-        on_delivery = self._on_delivery
+        reports = self._reports
         max_size = settings.max_message_bytes
         round_robin = layout.round_robin
         for_partition_key = layout.for_partition_key
@@ -258,6 +270,7 @@ class Forwarder:
                 self._sendable(m, settings, gen, max_size, False, now_ms, ttl_ms)  # too_large
                 continue
             f = Flight(m, settings)
+            f.sink = reports
             pk = r.partition_key
             if pk is not None:
                 partition = for_partition_key(pk)
@@ -268,7 +281,7 @@ class Forwarder:
             try:
                 produce(r.topic, value, key, partition=partition, timestamp=r.timestamp_ms,
                         headers=list(r.headers) if r.headers else None,
-                        on_delivery=partial(on_delivery, f, LOCAL))
+                        on_delivery=f)
             except BufferError:
                 st.in_flight += 1
                 self._in_flight += 1
@@ -392,18 +405,23 @@ class Forwarder:
 
     def _on_delivery(self, f: Flight, cluster: str, err: KafkaError | None, msg: Message) -> None:
         # Runs inside poll() on this thread: just record; _handle_reports does the work.
-        self._reports.append((f, cluster, err, msg.partition() or 0, msg.offset() or 0))
+        self._reports.append((f, cluster, err, msg))
 
     def _handle_reports(self) -> bool:
         if not self._reports:
             return False
-        reports, self._reports = self._reports, []
+        # Copied, not swapped: the Flights in flight keep appending to this very list.
+        reports = self._reports[:]
+        self._reports.clear()
         now = time.monotonic()
         acked: set[str] = set()
         purge: set[tuple[str, str]] = set()
         topics = self._topics
-        leave = self._leave
-        for i, (f, cluster, err, partition, offset) in enumerate(reports):
+        lv = self._leaving
+        if not lv.outcomes:
+            lv.since = now
+        outcomes, flights = lv.outcomes, lv.flights
+        for i, (f, cluster, err, msg) in enumerate(reports):
             f.pending -= 1
             m = f.msg
             topic = m.record.topic
@@ -419,8 +437,10 @@ class Forwarder:
                     self.registry.inc("messages_duplicate_acks", topic=topic, cluster=cluster)
                     continue
                 f.done = True
-                leave(f, Outcome(m.key, m.stored_bytes, topic, "delivered", cluster, partition,
-                                 offset))
+                # _leave, inlined: this runs once per message.
+                outcomes.append(Outcome(m.key, m.stored_bytes, topic, "delivered", cluster,
+                                        msg.partition() or 0, msg.offset() or 0))
+                flights.append(f)
                 continue
             if f.done:
                 continue
