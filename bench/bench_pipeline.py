@@ -1,12 +1,16 @@
 """Core pipeline benchmark: datagrams in, Kafka out, on one machine with a real broker.
 
     .venv/bin/python bench/bench_pipeline.py [--messages 1000000] [--senders 2] [--size 200]
-                                             [--client-encode]
+                                             [--client-encode] [--dgram-qlen 4096]
 
 Senders run in their own processes with blocking sends (a full socket queue makes them wait,
 so nothing is dropped); they send one pre-encoded datagram over and over, as a load
 generator should (``--client-encode``: encode each with ``FerryClient.send`` instead). The
 agent runs as in production: ingest process + forwarder process.
+
+The kernel's ``net.unix.max_dgram_qlen`` (default 10) caps how many datagrams wait on the
+socket; the deb/rpm packages raise it to 4096. ``--dgram-qlen N`` (root only) sets it for the
+run and puts the old value back; the value in effect is printed either way.
 Prints: accepted rate (messages durably committed per second), commit latency p50/p99 (per
 group commit, write + fsync), delivered rate (acknowledged by Kafka and removed from the
 buffer), lost (sent - accepted - rejected, must be 0), and the agent's peak RSS.
@@ -71,6 +75,9 @@ def cpu_seconds(pid: int, children: bool = False) -> float:
     return (int(fields[first]) + int(fields[first + 1])) / os.sysconf("SC_CLK_TCK")
 
 
+QLEN = Path("/proc/sys/net/unix/max_dgram_qlen")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=1_000_000)
@@ -79,7 +86,21 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--client-encode", action="store_true",
                     help="senders encode each datagram with FerryClient.send (default: once)")
+    ap.add_argument("--dgram-qlen", type=int, default=None,
+                    help="set net.unix.max_dgram_qlen for the run (needs root); "
+                         "the packages use 4096")
     args = ap.parse_args()
+    old_qlen = int(QLEN.read_text())
+    if args.dgram_qlen is not None:
+        QLEN.write_text(str(args.dgram_qlen))  # read by the kernel when the socket is made
+    try:
+        run(args)
+    finally:
+        if args.dgram_qlen is not None:
+            QLEN.write_text(str(old_qlen))
+
+
+def run(args: argparse.Namespace) -> None:
     topic = "bench"
     per = args.messages // args.senders
     total = per * args.senders
@@ -141,7 +162,7 @@ def main() -> None:
         agent.stop()
         end = accepted_at or time.perf_counter()
         print(f"machine: {os.cpu_count()} cores; messages: {total} x {args.size} B; "
-              f"senders: {args.senders}")
+              f"senders: {args.senders}; net.unix.max_dgram_qlen: {QLEN.read_text().strip()}")
         print(f"accepted: {acc:.0f} in {end - t0:.2f} s = {acc / (end - t0):,.0f} msg/s")
         print(f"rejected: {rej:.0f}; lost (sent - accepted - rejected): {total - acc - rej:.0f}")
         print(f"commits: {h.count}; commit latency p50 <= {(h.quantile(0.5) or 0) * 1000:.1f} ms,"
