@@ -36,6 +36,7 @@ from agent.ingest.datagram import encode_any_partition  # noqa: E402
 from agent.metrics import Registry  # noqa: E402
 from tests.agent_harness import write_config  # noqa: E402
 from tests.kafka import Broker, create_topic  # noqa: E402
+from tests.waiting import wait_until  # noqa: E402
 
 
 def sender(path: str, topic: str, count: int, size: int, start: multiprocessing.Event,
@@ -112,6 +113,10 @@ def run(args: argparse.Namespace) -> None:
         registry = Registry()
         agent = Agent(cfg, registry=registry)
         agent.start()
+        # The forwarder process is spawned: wait until its loop runs (its gauges arrive over
+        # the pipe), so its start-up (imports, connecting) is not counted as per-message CPU.
+        wait_until(lambda: registry.view().total("cluster_up") >= 1, timeout=60,
+                   message="the forwarder to start and reach the broker")
         ctx = multiprocessing.get_context("fork")
         go = ctx.Event()
         procs = [ctx.Process(target=sender, args=(str(cfg.socket.path), topic, per, args.size,
