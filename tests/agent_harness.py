@@ -53,6 +53,7 @@ def write_config(
     buffer: dict[str, Any] | None = None,
     forwarder: dict[str, Any] | None = None,
     extra: str = "",
+    outage_after_seconds: float = 2.0,
 ) -> Path:
     """A config for an agent whose state lives under ``root``; returns the file's path."""
     root.mkdir(parents=True, exist_ok=True)
@@ -61,12 +62,13 @@ def write_config(
         "socket": {"path": root / "ferry.sock"},
         "http": {"listen": f"127.0.0.1:{free_port()}" if http else ""},
         "spool": {"dirs": [root / "spool"] if spool else []},
-        "kafka.local": {"bootstrap_servers": bootstrap, "outage_after_seconds": 2.0},
+        "kafka.local": {"bootstrap_servers": bootstrap,
+                        "outage_after_seconds": outage_after_seconds},
         "forwarder": {"linger_ms": 1, **(forwarder or {})},
     }
     if remote_bootstrap:
         sections["kafka.remote"] = {"bootstrap_servers": remote_bootstrap,
-                                    "outage_after_seconds": 2.0}
+                                    "outage_after_seconds": outage_after_seconds}
     for name, settings in (topics or {}).items():
         sections[f'topics."{name}"' if name != "default" else "topics.default"] = settings
     lines = []

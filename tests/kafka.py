@@ -555,7 +555,7 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 10.0) -> list[Consum
 # TCP proxy: network partitions on loopback
 # --------------------------------------------------------------------------------------------
 
-ProxyMode = Literal["forward", "blackhole", "cut"]
+ProxyMode = Literal["forward", "blackhole", "cut", "hold"]
 
 _RESET_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST
 
@@ -598,6 +598,9 @@ class TcpProxy:
       and clients hang until their own timeouts. :meth:`restore` then closes every connection
       that lost bytes (its Kafka stream is broken) and clients reconnect through the proxy.
     - :meth:`cut`: every connection is reset now and new ones are reset on accept.
+    - :meth:`hold`: a slow network. Bytes are read and kept, in order, but not passed on
+      until :meth:`restore`, which delivers them: the Kafka streams stay intact, so requests
+      sent during the hold are answered late rather than lost.
 
     Point a broker's ``advertised_port`` at :attr:`port` so clients use the proxy for all
     traffic, not just bootstrap.
@@ -643,6 +646,10 @@ class TcpProxy:
     def cut(self) -> None:
         """Reset every open connection and every new one, until :meth:`restore`."""
         self._call(self._do_cut)
+
+    def hold(self) -> None:
+        """Keep every byte, in order, and pass nothing on until :meth:`restore`."""
+        self._call(self._do_hold)
 
     def restore(self) -> None:
         """Back to forwarding; connections that lost bytes in a blackhole are closed."""
@@ -731,11 +738,18 @@ class TcpProxy:
         for pipe in list(self._pipes):
             self._close_pipe(pipe, hard=True)
 
+    def _do_hold(self) -> None:
+        self._mode = "hold"
+        for pipe in self._pipes:
+            self._update_interest(pipe)
+
     def _do_restore(self) -> None:
         self._mode = "forward"
         for pipe in list(self._pipes):
             if pipe.tainted or pipe.upstream is None:
                 self._close_pipe(pipe, hard=True)
+            else:
+                self._update_interest(pipe)  # deliver what a hold kept
 
     def _do_close(self) -> None:
         for pipe in list(self._pipes):
@@ -756,7 +770,7 @@ class TcpProxy:
                 continue
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             upstream: socket.socket | None = None
-            if self._mode == "forward":
+            if self._mode in ("forward", "hold"):
                 try:
                     upstream = socket.create_connection(
                         (LOOPBACK, self.target_port), timeout=self.connect_timeout
@@ -782,7 +796,7 @@ class TcpProxy:
     def _on_pipe_event(self, pipe: _Pipe, sock: socket.socket, events: int) -> None:
         if pipe not in self._pipes:
             return  # closed earlier in this same select round
-        if events & selectors.EVENT_WRITE:
+        if events & selectors.EVENT_WRITE and self._mode != "hold":
             outbox = pipe.outbox(sock)
             try:
                 sent = sock.send(outbox)
@@ -804,7 +818,7 @@ class TcpProxy:
                 self._close_pipe(pipe, hard=False)
                 return
             if data:
-                if self._mode == "forward" and pipe.upstream is not None:
+                if self._mode in ("forward", "hold") and pipe.upstream is not None:
                     pipe.peer_outbox(sock).extend(data)
                     self.bytes_forwarded += len(data)
                 else:
@@ -815,7 +829,7 @@ class TcpProxy:
     def _update_interest(self, pipe: _Pipe) -> None:
         for sock in pipe.sockets():
             wanted = selectors.EVENT_READ
-            if pipe.outbox(sock):
+            if pipe.outbox(sock) and self._mode != "hold":
                 wanted |= selectors.EVENT_WRITE
             key = self._selector.get_key(sock)
             if key.events != wanted:

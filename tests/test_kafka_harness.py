@@ -250,6 +250,35 @@ def test_blackhole_stalls_delivery_until_restore(
     assert [r.value for r in records] == [b"before", b"during"]
 
 
+def test_hold_delays_delivery_and_restore_delivers_what_it_kept(
+    proxied_broker: tuple[Broker, TcpProxy], unique_topic: str
+) -> None:
+    broker, proxy = proxied_broker
+    create_topic(broker.bootstrap, unique_topic, partitions=1)
+    producer = make_producer(
+        broker.bootstrap, **{"enable.idempotence": True, "message.timeout.ms": 30000}
+    )
+    deliveries = Deliveries()
+    produce_one(producer, unique_topic, b"before", deliveries)
+    assert producer.flush(10) == 0
+
+    proxy.hold()
+    produce_one(producer, unique_topic, b"during", deliveries)
+    assert producer.flush(1.5) == 1, "delivered through a held proxy"
+    assert deliveries.succeeded() == [b"before"]
+    assert proxy.bytes_dropped == 0
+    assert proxy.active_connections >= 1  # kept open, unlike cut
+
+    # Nothing was dropped, so the request sent during the hold is simply answered now.
+    proxy.restore()
+    assert producer.flush(15) == 0
+    assert deliveries.succeeded() == [b"before", b"during"]
+    assert deliveries.failed() == []
+    assert proxy.bytes_dropped == 0
+    records = consume_all(broker.bootstrap, unique_topic, expected_count=2)
+    assert [r.value for r in records] == [b"before", b"during"]
+
+
 def test_cut_resets_connections_until_restore(
     proxied_broker: tuple[Broker, TcpProxy], unique_topic: str
 ) -> None:

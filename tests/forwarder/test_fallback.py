@@ -119,3 +119,50 @@ def test_both_clusters_down_everything_waits_then_goes_where_it_can(
     wait_until(lambda: _values(local.direct_bootstrap, PLAIN) == plain, timeout=60,
                message="plain topic delivered once the local cluster is back")
     wait_until(lambda: not agent.store.topic_stats(), timeout=30, message="buffer drained")
+
+
+def test_slow_local_cluster_speculative_send_wins_and_the_late_ack_is_a_duplicate(
+    tmp_path: Path, proxied_broker: tuple[Broker, TcpProxy], remote: Broker
+) -> None:
+    # A local cluster that is slow, not down: its answers are held back, not lost. The
+    # outage detector is set far off so that only the speculative send can reach the remote.
+    local, proxy = proxied_broker
+    create_topic(local.direct_bootstrap, FB, 2)
+    create_topic(remote.bootstrap, FB, 2)
+    config = load_config(write_config(
+        tmp_path / "agent", local.bootstrap, remote_bootstrap=remote.bootstrap, http=False,
+        topics={FB: {"fallback_to_remote": True, "speculative_send_delay_ms": 250}},
+        outage_after_seconds=300,
+    ))
+    agent = Agent(config, registry=Registry())
+    agent.start()
+    try:
+        warm = _send(agent, FB, "warm", 5)
+        assert len(consume_all(local.direct_bootstrap, FB, 5, timeout=20)) == 5
+        wait_until(lambda: not agent.store.topic_stats(), timeout=20, message="warm-up drained")
+
+        proxy.hold()
+        slow = _send(agent, FB, "slow", 20)
+        got = consume_all(remote.bootstrap, FB, 20, timeout=20)
+        assert {m.value for m in got} >= slow
+        # The remote acknowledgement was the first: the messages left the buffer on it.
+        wait_until(lambda: not agent.store.topic_stats(), timeout=20,
+                   message="slow messages removed on the remote acknowledgement")
+        wait_until(lambda: agent.registry.view().total(
+            "messages_delivered", topic=FB, cluster="remote") >= 20, timeout=10,
+            message="remote deliveries counted")
+        view = agent.registry.view()
+        assert view.total("cluster_up", cluster="local") == 1, "slow was taken for an outage"
+
+        # The held requests reach the local cluster now; its acknowledgements come second
+        # and are counted as duplicates, not deliveries.
+        proxy.restore()
+        wait_until(lambda: agent.registry.view().total(
+            "messages_duplicate_acks", topic=FB, cluster="local") >= 20, timeout=30,
+            message="late local acknowledgements counted as duplicates")
+        assert _values(local.direct_bootstrap, FB) == warm | slow
+        # Each message counted delivered once, whichever cluster answered first. (A warm-up
+        # message may have gone both ways too when the first sends were slow: hence >= above.)
+        assert agent.registry.view().total("messages_delivered", topic=FB) == 25
+    finally:
+        agent.stop()
