@@ -86,3 +86,51 @@ def test_buffer_topics_peek_and_purge(tmp_path: Path) -> None:
     store = Store(tmp_path / "buffer", 256 * 1024 * 1024)
     assert [s.topic for s in store.topic_stats()] == ["audit"]
     store.close()
+
+
+def _purge_on_a_terminal(cfg: Path, topic: str, answer: str) -> tuple[int, str]:
+    """Run `ferry buffer purge TOPIC` with a pseudo-terminal as stdin, type ``answer``."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "buffer", "--config",
+                                 str(cfg), "purge", topic], cwd=REPO_ROOT, stdin=slave,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        os.write(master, answer.encode() + b"\n")
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(master)
+        os.close(slave)
+    return proc.returncode, out + err
+
+
+def test_buffer_purge_asks_for_the_topic_name_on_a_terminal(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, "127.0.0.1:1", http=False)
+    store = Store(tmp_path / "buffer", 256 * 1024 * 1024)
+    store.append([[Record("orders", b"a"), Record("orders", b"b"), Record("audit", b"x")]])
+    store.close()
+
+    code, out = _purge_on_a_terminal(cfg, "orders", "yes")  # not the topic name
+    assert code == 1 and "not purged" in out
+    code, out = _purge_on_a_terminal(cfg, "orders", "orders")
+    assert code == 0 and "purged 2 messages of orders" in out
+    store = Store(tmp_path / "buffer", 256 * 1024 * 1024)
+    assert [(s.topic, s.messages) for s in store.topic_stats()] == [("audit", 1)]
+    store.close()
+
+
+def test_buffer_topics_shows_the_age_of_the_oldest_message(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, "127.0.0.1:1", http=False)
+    store = Store(tmp_path / "buffer", 256 * 1024 * 1024)
+    store.append([[Record("orders", b"a")]])
+    store.close()
+    done = ferry("buffer", "--config", str(cfg), "topics")
+    assert done.returncode == 0, done.stderr
+    header, row = done.stdout.splitlines()[:2]
+    assert header.split() == ["topic", "messages", "bytes", "oldest"]
+    topic, messages, _bytes, oldest = row.split()
+    assert (topic, messages) == ("orders", "1")
+    # Accepted a moment ago: an age in whole seconds, not a timestamp or "-".
+    assert oldest.endswith("s") and 0 <= int(oldest[:-1]) < 60
