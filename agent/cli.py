@@ -63,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--url", default=None, help="default: from the config's http.listen")
     status.add_argument("--config", type=Path)
     status.add_argument("--timeout", type=float, default=5.0)
+    from status.cli import add_threshold_arguments
+
+    add_threshold_arguments(status)
     status.set_defaults(func=_status)
 
     buf = sub.add_parser("buffer", help="inspect the buffer (works while the agent runs)")
@@ -142,12 +145,12 @@ def _send(args: argparse.Namespace) -> int:
 
 # -- status --------------------------------------------------------------------------------
 def _status(args: argparse.Namespace) -> int:
-    from status.cli import status_command
+    from status.cli import status_command, thresholds_from
 
     url = args.url
     if url is None:
         url = f"http://{_config(args).http.listen}"
-    result: int = status_command(url, args.timeout)
+    result: int = status_command(url, args.timeout, thresholds=thresholds_from(args))
     return result
 
 

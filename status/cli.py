@@ -226,12 +226,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``ferry status`` (for the main CLI to reuse)."""
-    d = model.Thresholds()
+    """The options of ``python -m status.cli``."""
     parser.add_argument("--url", default=DEFAULT_URL,
                         help=f"the agent's HTTP listener (default {DEFAULT_URL})")
     parser.add_argument("--timeout", type=float, default=5.0,
                         help="seconds to wait for the agent (default 5)")
+    add_threshold_arguments(parser)
+
+
+def add_threshold_arguments(parser: argparse.ArgumentParser) -> None:
+    """The threshold options, shared by ``ferry status`` and ``python -m status.cli``."""
+    d = model.Thresholds()
     parser.add_argument("--warn-age", type=float, default=d.oldest_warning_seconds,
                         help="oldest buffered message age for WARNING, seconds (default "
                         f"{d.oldest_warning_seconds:g})")

@@ -126,9 +126,9 @@ def test_ferry_status_command_line(status_server: StatusServer) -> None:
                         capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert ok.stdout.startswith("FERRY OK")
-    # The standalone module takes thresholds too.
-    warn = subprocess.run([sys.executable, "-m", "status.cli", "--url", status_server.url,
-                           "--warn-age", "0"],
-                          capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
-    assert warn.returncode == 1, warn.stdout + warn.stderr
-    assert warn.stdout.startswith("FERRY WARNING - oldest buffered message")
+    # Thresholds per host, on the entry point and on the standalone module alike.
+    for command in ([*args, "status"], [sys.executable, "-m", "status.cli"]):
+        warn = subprocess.run([*command, "--url", status_server.url, "--warn-age", "0"],
+                              capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+        assert warn.returncode == 1, warn.stdout + warn.stderr
+        assert warn.stdout.startswith("FERRY WARNING - oldest buffered message")
