@@ -12,7 +12,7 @@ import zlib
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -214,10 +214,11 @@ MB = 1024 * 1024
 
 
 @contextmanager
-def intake_only(root: Path, max_bytes: int = 256 * MB) -> Iterator[SpoolIntake]:
+def intake_only(root: Path, max_bytes: int = 256 * MB,
+                after_ingest: Literal["delete", "move"] = "delete") -> Iterator[SpoolIntake]:
     """A SpoolIntake on a real buffer and committer, its scans driven by the test."""
     config = FerryConfig(buffer=BufferConfig(path=root / "buffer", max_bytes=max_bytes),
-                         spool=SpoolConfig(dirs=[root / "spool"]))
+                         spool=SpoolConfig(dirs=[root / "spool"], after_ingest=after_ingest))
     (root / "spool").mkdir()
     registry = Registry()
     store = Store(config.buffer.path, config.buffer.max_bytes, track=False)
@@ -382,3 +383,45 @@ def test_stopping_mid_file_keeps_the_progress_and_a_new_intake_finishes_the_file
             again.stop()
         assert [m.record.value for m in buffered(store, "t")] == [r.value for r in records]
         assert not path.exists()
+
+
+def test_after_ingest_move_keeps_each_file_under_done_and_never_reads_it_again(
+    tmp_path: Path,
+) -> None:
+    records = [SpoolRecord("t", b"bin-%d" % i) for i in range(50)]
+    with intake_only(tmp_path, after_ingest="move") as intake:
+        spool = intake.dirs[0]
+        binary = place(intake, "batch.ferry", records, block_bytes=500)
+        original = binary.read_bytes()
+        (spool / "orders").mkdir()
+        lines = spool / "orders" / "lines.txt"
+        lines.write_text("a\nb\n")
+        _age(lines)
+        assert intake.scan_once() == 2
+        # Moved, byte for byte, under done/ at the same relative path.
+        assert not binary.exists() and not lines.exists()
+        assert (spool / "done" / "batch.ferry").read_bytes() == original
+        assert (spool / "done" / "orders" / "lines.txt").read_text() == "a\nb\n"
+        assert [m.record.value for m in buffered(intake.store, "t")] == [r.value for r in records]
+        assert [m.record.value for m in buffered(intake.store, "orders")] == [b"a", b"b"]
+        # done/ is the agent's: a later scan ingests nothing from it.
+        assert intake.scan_once() == 0
+        assert len(buffered(intake.store, "t")) == 50
+        assert intake.registry.view().total("spool_files_ingested") == 2
+
+
+def test_a_quarantined_file_has_its_reason_written_beside_it(tmp_path: Path) -> None:
+    with intake_only(tmp_path) as intake:
+        spool = intake.dirs[0]
+        bad = spool / "broken.ferry"
+        bad.write_bytes(b"not a spool file at all")
+        _age(bad)  # a fresh broken binary file may still be being written in place
+        intake.scan_once()
+        moved = spool / "quarantine" / "broken.ferry"
+        assert moved.read_bytes() == b"not a spool file at all"
+        reason = (spool / "quarantine" / "broken.ferry.reason").read_text()
+        first, second = reason.splitlines()
+        assert first.startswith("corrupt: ") and len(first) > len("corrupt: ")
+        assert second.startswith("quarantined at ")
+        assert intake.registry.view().total("spool_files_quarantined") == 1
+        assert intake.store.topics() == []
