@@ -168,6 +168,51 @@ def test_mutated_binary_spool_files_read_or_raise_spool_format_error(
         _read_all_ways(path)
 
 
+@settings(FUZZ, max_examples=max(EXAMPLES // 3, 20))
+@given(records=st.lists(spool_records, min_size=1, max_size=12), ops=mutations,
+       reseal=st.booleans(), block=st.integers(30, 400))
+def test_mutated_binary_spool_files_through_the_intake_are_ingested_whole_or_quarantined(
+    records: list[SpoolRecord], ops: list[tuple[str, float, int]], reseal: bool, block: int
+) -> None:
+    """The intake itself (its bulk block path, not the reader) on a real buffer: a file the
+    reader accepts is buffered exactly; one it refuses is quarantined with its reason, every
+    message it left buffered is counted, and the next good file is still ingested."""
+    from tests.ingest.test_spool_intake import buffered, intake_only
+
+    data = _mutate(encode_file(records, block_bytes=block), ops)
+    if reseal:
+        data = _reseal(data)
+    with tempfile.TemporaryDirectory() as d, intake_only(Path(d)) as intake:
+        spool = intake.dirs[0]
+        path = spool / "fuzzed.ferry"
+        path.write_bytes(data)
+        past = time.time() - 60  # past the grace a broken binary file gets
+        os.utime(path, (past, past))
+        try:
+            expected: list[SpoolRecord] | None = read_spool_file(path)
+        except SpoolFormatError:
+            expected = None
+        intake.scan_once()
+        view = intake.registry.view()
+        got = {t: buffered(intake.store, t) for t in intake.store.topics()}
+        stored = sum(len(v) for v in got.values())
+        assert view.total("messages_accepted", source="spool") == stored
+        if expected is not None:
+            assert not path.exists() and view.total("spool_files_ingested") == 1
+            for topic in {r.topic for r in expected}:
+                assert [m.record.value for m in got[topic]] == [
+                    r.value for r in expected if r.topic == topic]
+            assert stored == len(expected)
+        else:
+            assert not path.exists(), "a refused file stays in the spool directory"
+            assert (spool / "quarantine" / "fuzzed.ferry.reason").read_text().strip()
+            assert view.total("spool_files_quarantined") == 1
+        good = write_spool_file(spool, "good.ferry", [SpoolRecord("after", b"ok")])
+        intake.scan_once()
+        assert not good.exists()
+        assert [m.record.value for m in buffered(intake.store, "after")] == [b"ok"]
+
+
 # -- hand-made files ---------------------------------------------------------------------------
 
 # Any code point, lone surrogates included: JSON text can carry them as \ud800 escapes.
