@@ -124,6 +124,19 @@ class Outcome:
     reason: str = ""
 
 
+@dataclass(slots=True)
+class DeliveredRun:
+    """Messages of one topic that one cluster acknowledged: the forwarder's common outcome,
+    kept as parallel lists (no object per message). ``sizes`` are the stored bytes."""
+
+    topic: str
+    cluster: str
+    keys: list[bytes] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    partitions: list[int] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+
+
 # tracking value: state, partition, offset, at_ms, then "topic NUL cluster NUL reason".
 _TRACK = struct.Struct(">Biqq")
 _STATES = {"delivered": 1, "discarded": 2}
@@ -580,8 +593,16 @@ class Store:
 
         False means the message was already gone (a second cluster's acknowledgement).
         """
+        return self.remove_many(outcomes, ())[0]
 
-        def body(txn: lmdb.Transaction) -> list[bool]:
+    def remove_many(
+        self, outcomes: Sequence[Outcome], runs: Sequence[DeliveredRun]
+    ) -> tuple[list[bool], list[list[bool]]]:
+        """``remove`` for ``outcomes`` and for acknowledged ``runs``, in one transaction.
+
+        Returns the removed flags of the outcomes, and of each run's keys."""
+
+        def body(txn: lmdb.Transaction) -> tuple[list[bool], list[list[bool]]]:
             removed: list[bool] = []
             counts: dict[str, list[int]] = {}
             now_ms = int(time.time() * 1000)
@@ -594,6 +615,7 @@ class Store:
             delete = txn.delete
             messages = self._messages
             track = self.track
+            id_len = keys.ID_LEN
             for o in outcomes:
                 ok = delete(o.key, b"", messages)  # positional: this runs once per message
                 removed.append(ok)
@@ -609,16 +631,41 @@ class Store:
                     tail = tails.get(tk)
                     if tail is None:
                         tail = tails[tk] = f"{o.topic}\0{o.cluster}\0{o.reason}".encode()
-                    tracked.append((o.key[-keys.ID_LEN:],
+                    tracked.append((o.key[-id_len:],
                                     pack(states[o.state], o.partition, o.offset, now_ms) + tail))
-            self._adjust_counts(txn, counts, -1)
+            run_removed: list[list[bool]] = []
+            delivered = states["delivered"]
+            for run in runs:
+                # Comprehensions, not a loop of statements: this is the per-message hot path.
+                ok_list = [delete(k, b"", messages) for k in run.keys]
+                run_removed.append(ok_list)
+                c = counts.get(run.topic)
+                if c is None:
+                    c = counts[run.topic] = [0, 0]
+                if all(ok_list):
+                    c[0] += len(ok_list)
+                    c[1] += sum(run.sizes)
+                    gone = run.keys
+                    parts, offs = run.partitions, run.offsets
+                else:
+                    sel = [i for i, ok in enumerate(ok_list) if ok]
+                    c[0] += len(sel)
+                    c[1] += sum(run.sizes[i] for i in sel)
+                    gone = [run.keys[i] for i in sel]
+                    parts = [run.partitions[i] for i in sel]
+                    offs = [run.offsets[i] for i in sel]
+                if track and gone:
+                    tail = f"{run.topic}\0{run.cluster}\0".encode()
+                    tracked += [(k[-id_len:], pack(delivered, p, o, now_ms) + tail)
+                                for k, p, o in zip(gone, parts, offs, strict=True)]
+            self._adjust_counts(txn, {t: c for t, c in counts.items() if c[0]}, -1)
             if tracked:
                 with txn.cursor(self._tracking) as cur:
                     cur.putmulti(tracked)
                 self._prune_tracking(txn, now_ms, len(tracked))
-            return removed
+            return removed, run_removed
 
-        result: list[bool] = self._write(body)
+        result: tuple[list[bool], list[list[bool]]] = self._write(body)
         return result
 
     def _prune_tracking(self, txn: lmdb.Transaction, now_ms: int, added: int) -> None:

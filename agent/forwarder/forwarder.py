@@ -23,7 +23,7 @@ from typing import Any, TypeGuard
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from agent.buffer import keys
-from agent.buffer.store import Corrupt, Outcome, Store, StoredMessage
+from agent.buffer.store import Corrupt, DeliveredRun, Outcome, Store, StoredMessage
 from agent.config import FerryConfig, TopicConfig
 from agent.forwarder.clusters import Cluster
 from agent.forwarder.discard_log import Discard, DiscardLog
@@ -95,10 +95,19 @@ class _TopicState:
 
 @dataclass
 class _Leaving:
+    """What waits for the next batched durable delete. Acknowledged messages, the common
+    case, go in ``runs`` (lists per topic and cluster, no object per message); discards and
+    the rest as ``outcomes``."""
+
     outcomes: list[Outcome] = field(default_factory=list)
     flights: list[Flight | None] = field(default_factory=list)
     discards: list[Discard] = field(default_factory=list)
+    runs: dict[tuple[str, str], DeliveredRun] = field(default_factory=dict)
+    delivered: int = 0  # messages in runs
     since: float = 0.0
+
+    def __len__(self) -> int:
+        return len(self.outcomes) + self.delivered
 
 
 class Forwarder:
@@ -157,7 +166,8 @@ class Forwarder:
         worked |= self._due_speculative(now)
         self._check_health(now)
         lv = self._leaving
-        if lv.outcomes and (len(lv.outcomes) >= 2000 or now - lv.since >= 0.002):
+        n = len(lv)
+        if n and (n >= 2000 or now - lv.since >= 0.002):
             self._flush_leaving()
             worked = True
         if now >= self._next_gauges:
@@ -418,9 +428,10 @@ class Forwarder:
         purge: set[tuple[str, str]] = set()
         topics = self._topics
         lv = self._leaving
-        if not lv.outcomes:
+        if not len(lv):
             lv.since = now
-        outcomes, flights = lv.outcomes, lv.flights
+        runs = lv.runs
+        delivered = 0
         for i, (f, cluster, err, msg) in enumerate(reports):
             f.pending -= 1
             m = f.msg
@@ -437,10 +448,14 @@ class Forwarder:
                     self.registry.inc("messages_duplicate_acks", topic=topic, cluster=cluster)
                     continue
                 f.done = True
-                # _leave, inlined: this runs once per message.
-                outcomes.append(Outcome(m.key, m.stored_bytes, topic, "delivered", cluster,
-                                        msg.partition() or 0, msg.offset() or 0))
-                flights.append(f)
+                run = runs.get((topic, cluster))
+                if run is None:
+                    run = runs[(topic, cluster)] = DeliveredRun(topic, cluster)
+                run.keys.append(m.key)
+                run.sizes.append(m.stored_bytes)
+                run.partitions.append(msg.partition() or 0)
+                run.offsets.append(msg.offset() or 0)
+                delivered += 1
                 continue
             if f.done:
                 continue
@@ -454,6 +469,7 @@ class Forwarder:
                 purge.add((cluster, f.settings.acks))
             self._failed(f, cluster, err.str() or err.name(), permanent=permanent,
                          code=err.name(), attempt=code != KafkaError._PURGE_QUEUE)
+        lv.delivered += delivered
         for cluster, acks in purge:
             # Keep per-key order: messages still queued behind a failed one would otherwise
             # reach Kafka as soon as it answers again, ahead of the failed one's retry.
@@ -577,7 +593,7 @@ class Forwarder:
 
     def _leave(self, f: Flight | None, outcome: Outcome, discard: Discard | None = None) -> None:
         lv = self._leaving
-        if not lv.outcomes:
+        if not len(lv):
             lv.since = time.monotonic()
         lv.outcomes.append(outcome)
         lv.flights.append(f)
@@ -586,13 +602,13 @@ class Forwarder:
 
     def _flush_leaving(self) -> None:
         lv = self._leaving
+        runs = list(lv.runs.values())
         try:
             # Discard-log lines first: a crash between the two leaves a message in both.
             self.discard_log.write(lv.discards)
-            removed = self.store.remove(lv.outcomes)
+            removed, runs_removed = self.store.remove_many(lv.outcomes, runs)
         except Exception as exc:  # noqa: BLE001 - disk trouble: keep everything, try later
-            log.error("could not remove %d messages from the buffer yet: %s",
-                      len(lv.outcomes), exc)
+            log.error("could not remove %d messages from the buffer yet: %s", len(lv), exc)
             lv.since = time.monotonic() + 0.5
             return
         self._leaving = _Leaving()
@@ -611,6 +627,18 @@ class Forwarder:
                 key = (topic, outcome.cluster)
                 target = delivered if ok else dup
                 target[key] = target.get(key, 0) + 1
+        for run, oks in zip(runs, runs_removed, strict=True):
+            # Every message of a run was in flight.
+            st = topics.get(run.topic)
+            if st is not None:
+                st.in_flight -= len(oks)
+            self._in_flight -= len(oks)
+            key = (run.topic, run.cluster)
+            n = sum(oks)
+            if n:
+                delivered[key] = delivered.get(key, 0) + n
+            if n < len(oks):
+                dup[key] = dup.get(key, 0) + len(oks) - n
         for (topic, cluster), n in delivered.items():
             reg.inc("messages_delivered", n, topic=topic, cluster=cluster)
         for (topic, cluster), n in dup.items():
@@ -634,12 +662,12 @@ class Forwarder:
         while self._in_flight > 0 and time.monotonic() < deadline:
             self._poll()
             self._handle_reports()
-            if self._leaving.outcomes:
+            if len(self._leaving):
                 self._flush_leaving()
             if not self._reports:
                 self._wait(0.01)
         self._handle_reports()
-        if self._leaving.outcomes:
+        if len(self._leaving):
             self._flush_leaving()
         for c in self.clusters.values():
             c.close(0.5)

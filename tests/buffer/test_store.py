@@ -13,6 +13,7 @@ import pytest
 from agent.buffer import keys
 from agent.buffer.store import (
     BufferFull,
+    DeliveredRun,
     Outcome,
     StateChange,
     Store,
@@ -221,6 +222,51 @@ def test_remove_of_nothing_is_harmless(store: Store) -> None:
     store.append([[Record("t", b"1")]])
     assert store.remove([]) == []
     assert stats(store)["t"][0] == 1
+
+
+def run_of(msgs: Sequence[StoredMessage], cluster: str = "local",
+           first_offset: int = 100) -> DeliveredRun:
+    return DeliveredRun(msgs[0].topic, cluster, [m.key for m in msgs],
+                        [m.stored_bytes for m in msgs], [1] * len(msgs),
+                        list(range(first_offset, first_offset + len(msgs))))
+
+
+def test_remove_many_takes_outcomes_and_delivered_runs_in_one_go(store: Store) -> None:
+    store.append([[Record("a", b"%d" % i) for i in range(6)], [Record("b", b"x" * 9)]])
+    a = read_all(store, "a")
+    (b1,) = read_all(store, "b")
+    # a[0] left earlier (say the other cluster acknowledged it first).
+    assert store.remove([delivered(a[0])]) == [True]
+    removed, runs = store.remove_many(
+        [discarded(b1, reason="ttl")],
+        [run_of(a[:3], "remote"), run_of(a[3:5])])
+    assert removed == [True]
+    assert runs == [[False, True, True], [True, True]]
+    # Counts drop by exactly what was removed; a[0] is not taken off twice.
+    assert stats(store) == {"a": (1, a[5].stored_bytes)}
+    # Each message removed here is tracked with its own cluster, partition and offset.
+    got = store.locate(a[2].id)
+    assert got is not None
+    assert {k: v for k, v in got.items() if k != "at_ms"} == {
+        "state": "delivered", "topic": "a", "cluster": "remote", "partition": 1, "offset": 102}
+    got = store.locate(a[4].id)
+    assert got is not None and (got["cluster"], got["offset"]) == ("local", 101)
+    got = store.locate(a[0].id)  # tracked by the earlier remove, not overwritten here
+    assert got is not None and (got["cluster"], got["offset"]) == ("local", 0)
+    got = store.locate(b1.id)
+    assert got is not None and (got["state"], got["reason"]) == ("discarded", "ttl")
+
+
+def test_remove_many_of_runs_whose_messages_are_all_gone_changes_nothing(
+    store: Store,
+) -> None:
+    store.append([[Record("a", b"1"), Record("a", b"2")]])
+    a1, a2 = read_all(store, "a")
+    assert store.remove_many([], [run_of([a1])]) == ([], [[True]])
+    assert store.remove_many([], [run_of([a1], "remote")]) == ([], [[False]])
+    assert stats(store) == {"a": (1, a2.stored_bytes)}
+    got = store.locate(a1.id)
+    assert got is not None and got["cluster"] == "local"
 
 
 # -- topic_stats -------------------------------------------------------------------------------
