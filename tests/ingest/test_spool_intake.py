@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import struct
+import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -215,9 +216,11 @@ MB = 1024 * 1024
 
 @contextmanager
 def intake_only(root: Path, max_bytes: int = 256 * MB,
-                after_ingest: Literal["delete", "move"] = "delete") -> Iterator[SpoolIntake]:
+                after_ingest: Literal["delete", "move"] = "delete",
+                buffer_path: Path | None = None) -> Iterator[SpoolIntake]:
     """A SpoolIntake on a real buffer and committer, its scans driven by the test."""
-    config = FerryConfig(buffer=BufferConfig(path=root / "buffer", max_bytes=max_bytes),
+    config = FerryConfig(buffer=BufferConfig(path=buffer_path or root / "buffer",
+                                             max_bytes=max_bytes),
                          spool=SpoolConfig(dirs=[root / "spool"], after_ingest=after_ingest))
     (root / "spool").mkdir()
     registry = Registry()
@@ -425,3 +428,37 @@ def test_a_quarantined_file_has_its_reason_written_beside_it(tmp_path: Path) -> 
         assert second.startswith("quarantined at ")
         assert intake.registry.view().total("spool_files_quarantined") == 1
         assert intake.store.topics() == []
+
+
+def test_a_full_disk_pauses_the_intake_mid_file_and_it_resumes_when_space_returns(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    """ENOSPC from LMDB (a real 12 MiB tmpfs) is a pause, like a full buffer: the file waits
+    with its progress, nothing is lost or buffered twice, no restart is needed."""
+    n = 4000
+    records = [SpoolRecord("t", b"%05d" % i + b"x" * 1000) for i in range(n)]
+    # max_bytes 8 MiB (room for the whole file): 1 MiB batches, so some commit before the
+    # disk fills.
+    with intake_only(tmp_path, max_bytes=8 * MB, buffer_path=small_disk / "buffer") as intake:
+        filler = small_disk / "filler"
+        free = os.statvfs(small_disk)
+        filler.write_bytes(b"\0" * (free.f_bavail * free.f_frsize - 2 * MB))
+        path = place(intake, "big.ferry", records, block_bytes=64 * 1024)
+        scan = threading.Thread(target=intake.scan_once, daemon=True)
+        scan.start()
+        wait_until(lambda: intake.registry.view().total(
+            "messages_rejected", source="spool", reason="disk_full") > 0,
+            timeout=60, message="the full disk refuses a spool batch")
+        assert scan.is_alive() and path.exists()  # paused, the file waiting on disk
+        partial = len(buffered(intake.store, "t"))
+        assert 0 < partial < n
+        filler.unlink()
+        scan.join(60)
+        assert not scan.is_alive(), "the intake did not resume once space returned"
+        assert not path.exists()
+        got = buffered(intake.store, "t")
+        assert [m.record.value for m in got] == [r.value for r in records]  # once, in order
+        view = intake.registry.view()
+        assert view.total("messages_accepted", source="spool") == n
+        assert view.total("spool_files_ingested") == 1
+        assert view.total("messages_rejected", source="spool", reason="buffer_full") == 0
