@@ -1,6 +1,7 @@
 """Forwarder alone: a pre-filled buffer drained into a real tansu broker, in this process.
 
     .venv/bin/python bench/bench_forwarder.py [--messages 300000] [--topics 4] [--profile]
+                                              [--no-tune-gc]
 
 Fills a buffer with ``--messages`` 200-byte messages (half AnyPartition, half PartitionKey)
 over ``--topics`` topics, then runs the forwarder's loop until every message is acknowledged
@@ -25,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from agent.buffer.store import Store  # noqa: E402
 from agent.config import load_config  # noqa: E402
 from agent.forwarder.forwarder import Forwarder  # noqa: E402
+from agent.forwarder.process import GC_GEN0_THRESHOLD  # noqa: E402
+from agent.gc_tuning import freeze_startup_heap  # noqa: E402
 from agent.metrics import Registry  # noqa: E402
 from agent.records import Record  # noqa: E402
 from tests.agent_harness import write_config  # noqa: E402
@@ -43,6 +46,8 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=200)
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--no-tune-gc", action="store_true",
+                    help="keep CPython's GC defaults (the forwarder process tunes them)")
     args = ap.parse_args()
     topics = [f"fwd-bench-{i}" for i in range(args.topics)]
     with tempfile.TemporaryDirectory() as tmp, Broker(log_path=Path(tmp) / "tansu.log") as broker:
@@ -64,6 +69,8 @@ def main() -> None:
             fill = time.perf_counter() - t0
             registry = Registry()
             forwarder = Forwarder(cfg, store, registry=registry)
+            if not args.no_tune_gc:  # as the forwarder process does after its startup
+                freeze_startup_heap(GC_GEN0_THRESHOLD)
             profiler = cProfile.Profile() if args.profile else None
             cpu0, t0, main0 = _cpu(), time.perf_counter(), time.thread_time()
             deadline = t0 + args.timeout

@@ -18,7 +18,6 @@ commits complete, so the buffer is consistent), then the loop ends.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import math
 import socket
@@ -31,6 +30,7 @@ import uvloop
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from agent.gc_tuning import freeze_startup_heap
 from agent.runtime import Phase, Runtime
 
 log = logging.getLogger(__name__)
@@ -302,14 +302,8 @@ class HttpServer:
 
 
 def _tune_gc() -> None:
-    """Process-wide: keep what exists now out of cyclic collections; collect the young
-    generation less often (see GC_GEN0_THRESHOLD). Objects frozen here are still freed by
-    reference counting as usual; only a cycle among them would outlive its use."""
-    gc.collect()
-    gc.freeze()
-    gen0, gen1, gen2 = gc.get_threshold()
-    if gen0 < GC_GEN0_THRESHOLD:
-        gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
+    """Process-wide: see agent.gc_tuning and GC_GEN0_THRESHOLD."""
+    freeze_startup_heap(GC_GEN0_THRESHOLD)
 
 
 def _call(app: Any, name: str) -> None:
