@@ -91,6 +91,9 @@ class _TopicState:
     retry: list[Flight] = field(default_factory=list)  # waiting to be re-sent, in id order
     retry_at: float = 0.0
     sending: int = 0  # produce() calls of this topic not yet reported
+    # Set when a send of the topic is scheduled again; new messages are read only once every
+    # retry has been re-sent and every send of the topic has reported (_schedule_retry).
+    recovering: bool = False
 
 
 @dataclass
@@ -196,7 +199,11 @@ class Forwarder:
         worked = False
         for topic, st in self._topics.items():
             room = min(self.per_topic_cap - st.in_flight, self.max_in_flight - self._in_flight)
-            if room <= 0 or st.retry:
+            if st.recovering:
+                if st.retry or st.sending:
+                    continue
+                st.recovering = False  # everything re-sent has been acknowledged (or left)
+            if room <= 0:
                 continue
             if st.drained_at and now - st.drained_at < 0.001:
                 continue
@@ -521,10 +528,15 @@ class Forwarder:
     def _schedule_retry(self, f: Flight, delay: float) -> None:
         """Queue ``f`` to be sent again after ``delay``, behind nothing newer of its topic.
 
-        Retries are kept per topic and re-sent in message-id order, and a topic with retries
-        waiting reads no new messages: otherwise messages accepted later could overtake the
-        failed ones once the cluster is back, breaking per-key order within a cluster."""
+        Retries are kept per topic and re-sent in message-id order, and the topic reads no new
+        messages until every retry has been re-sent and every send of the topic has reported:
+        otherwise messages accepted later could overtake the failed ones once the cluster is
+        back, breaking per-key order within a cluster. Waiting for the re-sent ones to report,
+        not just to be re-sent, matters when the network returns just as they time out again:
+        librdkafka fails timed-out messages up to a second late, and a newer message queued
+        behind them could already be on the wire by then, where no purge can reach it."""
         st = self._topics.setdefault(f.msg.topic, _TopicState())
+        st.recovering = True
         bisect.insort(st.retry, f, key=lambda x: x.msg.id)
         st.retry_at = max(st.retry_at, time.monotonic() + delay)
         self._retry_topics.add(f.msg.topic)
