@@ -93,7 +93,11 @@ def main() -> None:
     args = ap.parse_args()
     old_qlen = int(QLEN.read_text())
     if args.dgram_qlen is not None:
-        QLEN.write_text(str(args.dgram_qlen))  # read by the kernel when the socket is made
+        try:
+            QLEN.write_text(str(args.dgram_qlen))  # read by the kernel when the socket is made
+        except OSError as exc:
+            sys.exit(f"--dgram-qlen needs root (cannot write {QLEN}: {exc}); "
+                     f"the value now is {old_qlen}")
     try:
         run(args)
     finally:
