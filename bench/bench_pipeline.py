@@ -68,12 +68,18 @@ def rss_kb(pid: int) -> int:
 
 def cpu_seconds(pid: int, children: bool = False) -> float:
     """User + system CPU time of a live process, or of its reaped children."""
+    return sum(cpu_split(pid, children))
+
+
+def cpu_split(pid: int, children: bool = False) -> tuple[float, float]:
+    """(user, system) CPU seconds of a live process, or of its reaped children."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (FileNotFoundError, ProcessLookupError):
-        return 0.0
+        return 0.0, 0.0
     first = 13 if children else 11  # utime stime | cutime cstime
-    return (int(fields[first]) + int(fields[first + 1])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[first]) / tick, int(fields[first + 1]) / tick
 
 
 QLEN = Path("/proc/sys/net/unix/max_dgram_qlen")
@@ -137,9 +143,9 @@ def run(args: argparse.Namespace) -> None:
                 peak["rss"] = max(peak["rss"], now)
 
         threading.Thread(target=watch_rss, daemon=True).start()
-        cpu0 = {"ingest": cpu_seconds(os.getpid()),
-                "forwarder": cpu_seconds(agent.forwarder.pid or 0),
-                "broker": cpu_seconds(broker.pid or 0)}
+        pids = {"ingest": os.getpid(), "forwarder": agent.forwarder.pid or 0,
+                "broker": broker.pid or 0}
+        cpu0 = {name: cpu_split(pid) for name, pid in pids.items()}
         t0 = time.perf_counter()
         go.set()
         accepted_at = delivered_at = None
@@ -156,9 +162,9 @@ def run(args: argparse.Namespace) -> None:
                 break
             time.sleep(0.05)  # sampling the registry, not synchronising anything
         # CPU per process over the run (ingest includes this script's sampling loop).
-        cpu = {"ingest": cpu_seconds(os.getpid()) - cpu0["ingest"],
-               "forwarder": cpu_seconds(agent.forwarder.pid or 0) - cpu0["forwarder"],
-               "broker": cpu_seconds(broker.pid or 0) - cpu0["broker"]}
+        split = {name: tuple(b - a for a, b in zip(cpu0[name], cpu_split(pid), strict=True))
+                 for name, pid in pids.items()}
+        cpu = {name: user + system for name, (user, system) in split.items()}
         children0 = cpu_seconds(os.getpid(), children=True)
         for p in procs:
             p.join(10)
@@ -184,6 +190,8 @@ def run(args: argparse.Namespace) -> None:
         print(f"agent peak RSS (ingest + forwarder): {peak['rss'] / 1024:.0f} MiB")
         print("CPU during the run, us per message: " + ", ".join(
             f"{name} {seconds / total * 1e6:.1f}" for name, seconds in cpu.items()))
+        print("  of which in the kernel: " + ", ".join(
+            f"{name} {system / total * 1e6:.1f}" for name, (_, system) in split.items()))
 
 
 if __name__ == "__main__":

@@ -63,6 +63,20 @@ def encode(record: Record, generation: int) -> bytes:
     return b"".join(parts)
 
 
+def encode_value(
+    generation: int, timestamp_ms: int, partition_key: int | None, key: bytes, value: bytes
+) -> bytes:
+    """What ``encode`` makes of a record without headers placed round-robin or by partition
+    key (a Bruce datagram), from its fields: no Record needed. An empty ``key`` is no key."""
+    flags = HAS_KEY if key else 0
+    if partition_key is None:
+        partition_key = 0
+    else:
+        flags |= HAS_PARTITION_KEY
+    return HEADER.pack(VERSION, flags, generation, timestamp_ms, partition_key, len(key),
+                       0) + key + value
+
+
 def decode(topic: str, data: bytes) -> tuple[Record, int]:
     """The record and the topic generation it was accepted under."""
     try:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from agent.buffer.store import (
     BufferFull,
     BufferUnavailable,
+    EncodedGroup,
     InvalidGroup,
     StateChange,
     Store,
@@ -42,7 +43,7 @@ class ShuttingDown(Exception):
 
 @dataclass(slots=True)
 class _Submission:
-    records: Sequence[Record]
+    records: Sequence[Record] | EncodedGroup
     source: str
     callback: Callback | None
     state_puts: Mapping[bytes, bytes] | None = None
@@ -139,17 +140,7 @@ class Committer:
         weight = sum(r.size for r in records) + 64 * len(records)
         sub = _Submission(records, source, callback, state_puts, state_deletes, weight,
                           state_from_ids)
-        with self._cond:
-            while self._pending_bytes > self.max_pending_bytes and not self._closed:
-                if not block:
-                    return False
-                self._cond.wait()
-            if self._closed:
-                raise ShuttingDown("the buffer is closing")
-            self._pending.append(sub)
-            self._pending_bytes += weight
-            self._cond.notify_all()
-        return True
+        return self._enqueue(sub, block)
 
     def submit_groups(
         self,
@@ -188,6 +179,31 @@ class Committer:
                 return False
             self._pending += subs
             self._pending_bytes += total
+            self._cond.notify_all()
+        return True
+
+    def submit_encoded(
+        self, group: EncodedGroup, source: str, callback: Callback | None = None
+    ) -> None:
+        """Queue messages already encoded for the buffer (``EncodedGroup``), all or nothing.
+
+        For the datagram socket, whose thread encodes while this one commits. Waits, as
+        ``submit(block=True)`` does, while the queue is over ``max_pending_bytes``.
+        """
+        weight = sum([sum(map(len, values)) + 64 * len(values)
+                      for _, values, _ in group.runs])
+        self._enqueue(_Submission(group, source, callback, None, (), weight), block=True)
+
+    def _enqueue(self, sub: _Submission, block: bool) -> bool:
+        with self._cond:
+            while self._pending_bytes > self.max_pending_bytes and not self._closed:
+                if not block:
+                    return False
+                self._cond.wait()
+            if self._closed:
+                raise ShuttingDown("the buffer is closing")
+            self._pending.append(sub)
+            self._pending_bytes += sub.weight
             self._cond.notify_all()
         return True
 
@@ -289,6 +305,11 @@ class Committer:
         accepted: dict[tuple[str, str], int] = {}
         for sub, result in zip(taken, results, strict=True):
             if isinstance(result, list):
+                if isinstance(sub.records, EncodedGroup):
+                    for topic, values, _ in sub.records.runs:
+                        k = (sub.source, topic)
+                        accepted[k] = accepted.get(k, 0) + len(values)
+                    continue
                 for r in sub.records:
                     k = (sub.source, r.topic)
                     accepted[k] = accepted.get(k, 0) + 1

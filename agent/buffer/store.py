@@ -80,6 +80,21 @@ class StateChange:
     derive: Callable[[list[bytes]], Mapping[bytes, bytes]] | None = None
 
 
+@dataclass(slots=True)
+class EncodedGroup:
+    """An all-or-nothing group of messages already encoded by codec.py, for ``append``.
+
+    ``runs`` are ``(topic, values, generation)``: each value encoded under ``generation``
+    (re-encoded in the transaction if the topic has moved on). The socket's path: values are
+    built on the receiving thread, so the writer thread makes no Record or value per message.
+    """
+
+    runs: list[tuple[str, list[bytes], int]]
+
+    def __len__(self) -> int:
+        return sum(len(values) for _, values, _ in self.runs)
+
+
 # Not frozen (one is made per message read on the forwarder's hot path, and a frozen
 # dataclass's __init__ costs several times as much); treat instances as immutable all the same.
 @dataclass(slots=True, eq=False)
@@ -305,7 +320,7 @@ class Store:
     # -- ingest side -----------------------------------------------------------------------
     def append(
         self,
-        batches: Sequence[Sequence[Record]],
+        batches: Sequence[Sequence[Record] | EncodedGroup],
         *,
         states: Sequence[StateChange | None] | None = None,
         state_puts: Mapping[bytes, bytes] | None = None,
@@ -314,6 +329,7 @@ class Store:
     ) -> list[list[bytes] | BufferFull]:
         """Commit several groups of records in one durable transaction.
 
+        A group is a sequence of records or an ``EncodedGroup``.
         Returns, per group, its message ids, or ``BufferFull`` when that group did not fit:
         groups are all-or-nothing, and a group that does not fit does not stop later, smaller
         ones. ``states[i]`` is state to change together with group ``i`` (e.g. spool progress,
@@ -335,11 +351,54 @@ class Store:
             items: list[tuple[bytes, bytes]] = []
             results: list[list[bytes] | BufferFull] = []
             pack_id = keys.ID.pack
+            pack_seq = _SEQ.pack
             encode = codec.encode
             for gi, group in enumerate(batches):
                 ids: list[bytes] = []
                 encoded: list[tuple[bytes, bytes]] = []
                 need = 0
+                if isinstance(group, EncodedGroup):
+                    # Ids and keys by list comprehension, a run at a time; counted per run.
+                    added: list[tuple[list[Any], int, int]] = []
+                    for topic, values, encoded_under in group.runs:
+                        t = per_topic.get(topic)
+                        if t is None:
+                            t = per_topic[topic] = [keys.topic_prefix(topic),
+                                                    self._generation(txn, topic), 0, 0]
+                        if encoded_under != t[1]:
+                            values = codec.with_generation(values, t[1])
+                        n = len(values)
+                        if seq + n - 1 > 0xFFFFFFFF:
+                            mids = []
+                            for _ in range(n):
+                                if seq > 0xFFFFFFFF:
+                                    ts, seq = ts + 1, 0
+                                mids.append(pack_id(ts, seq))
+                                seq += 1
+                        else:
+                            base = ts.to_bytes(8, "big")
+                            mids = [base + pack_seq(i) for i in range(seq, seq + n)]
+                            seq += n
+                        prefix = t[0]
+                        run_keys = [prefix + mid for mid in mids]
+                        size = sum(map(len, values)) + n * (len(prefix) + keys.ID_LEN)
+                        need += size + n * RECORD_OVERHEAD
+                        ids += mids
+                        encoded += zip(run_keys, values, strict=True)
+                        added.append((t, n, size))
+                    if need > room:
+                        results.append(BufferFull(
+                            f"buffer full: {need} bytes do not fit in the {max(room, 0)} left"))
+                        continue
+                    room -= need
+                    for t, n, size in added:
+                        t[2] += n
+                        t[3] += size
+                    items += encoded
+                    results.append(ids)
+                    _apply_state(txn, self._state, states[gi] if states is not None else None,
+                                 ids)
+                    continue
                 try:
                     for r in group:
                         t = per_topic.get(r.topic)
@@ -370,15 +429,7 @@ class Store:
                     t[3] += len(k) + len(value)
                 items += encoded
                 results.append(ids)
-                change = states[gi] if states is not None else None
-                if change is not None:
-                    for sk, sv in change.puts.items():
-                        txn.put(sk, sv, db=self._state)
-                    for sk in change.deletes:
-                        txn.delete(sk, db=self._state)
-                    if change.derive is not None:
-                        for sk, sv in change.derive(ids).items():
-                            txn.put(sk, sv, db=self._state)
+                _apply_state(txn, self._state, states[gi] if states is not None else None, ids)
             counts = {topic: [t[2], t[3]] for topic, t in per_topic.items() if t[2]}
             if items:
                 with txn.cursor(self._messages) as cur:
@@ -727,6 +778,21 @@ class Store:
 
     def sync(self) -> None:
         self._env.sync(True)
+
+
+def _apply_state(
+    txn: lmdb.Transaction, db: Any, change: StateChange | None, ids: list[bytes]
+) -> None:
+    """Write a stored group's state change (``ids``: the ids the group was given)."""
+    if change is None:
+        return
+    for sk, sv in change.puts.items():
+        txn.put(sk, sv, db=db)
+    for sk in change.deletes:
+        txn.delete(sk, db=db)
+    if change.derive is not None:
+        for sk, sv in change.derive(ids).items():
+            txn.put(sk, sv, db=db)
 
 
 def _stored(m: StoredMessage | Corrupt) -> int:

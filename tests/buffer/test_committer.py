@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.buffer import codec
 from agent.buffer.committer import Callback, Committer, Result, ShuttingDown
-from agent.buffer.store import BufferFull, BufferUnavailable, Store, StoredMessage
+from agent.buffer.store import BufferFull, BufferUnavailable, EncodedGroup, Store, StoredMessage
 from agent.metrics import Registry
 from agent.records import Record
 from tests.waiting import wait_until
@@ -161,6 +162,31 @@ def test_a_batch_is_cut_at_max_batch_messages(store: Store, registry: Registry) 
     assert results.count() == 25
     assert registry.view().total("buffer_commits") == 3  # 10 + 10 + 5
     assert stored_values(store, "t") == [b"%d" % i for i in range(25)]
+
+
+def test_encoded_groups_commit_with_record_groups_and_are_counted_per_topic(
+    small_committer: Committer, small_store: Store, registry: Registry
+) -> None:
+    results = Results()
+
+    def group(topic: str, *vals: bytes) -> EncodedGroup:
+        return EncodedGroup([(topic, [codec.encode(Record(topic, v), 0) for v in vals], 0)])
+
+    small_committer.submit_encoded(group("a", b"1", b"2"), "socket", results.callback("enc"))
+    small_committer.submit([Record("a", b"3")], "spool", results.callback("rec"))
+    big = EncodedGroup([("a", [codec.encode(Record("a", b"x" * 400_000), 0)] * 3, 0)])
+    small_committer.submit_encoded(big, "socket", results.callback("big"))
+    small_committer.start()
+    wait_until(lambda: results.count() == 3, timeout=WAIT, message="the callbacks")
+
+    enc = results.by_name["enc"]
+    assert isinstance(enc, list) and len(enc) == 2
+    assert isinstance(results.by_name["big"], BufferFull)
+    assert stored_values(small_store, "a") == [b"1", b"2", b"3"]
+    view = registry.view()
+    assert view.total("messages_accepted", source="socket", topic="a") == 2
+    assert view.total("messages_accepted", source="spool", topic="a") == 1
+    assert view.total("messages_rejected", source="socket", reason="buffer_full") == 3
 
 
 def test_commit_waits_for_durability_and_returns_the_ids(

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.buffer import keys
+from agent.buffer import codec, keys
 from agent.buffer.store import (
     BufferFull,
     DeliveredRun,
+    EncodedGroup,
     Outcome,
     StateChange,
     Store,
@@ -603,3 +604,57 @@ def test_state_derived_from_ids_commits_with_its_group_only(tmp_path: Path) -> N
         assert store.get_state(b"idem:a") == ids_a[0]
         assert store.get_state(b"idem:b") is None
         assert store.get_state(b"idem:c") == ids_c[0]
+
+
+# -- pre-encoded groups (the datagram socket's path) -------------------------------------------
+def encoded(topic: str, *vals: bytes, generation: int = 0) -> tuple[str, list[bytes], int]:
+    return topic, [codec.encode(Record(topic, v, timestamp_ms=5), generation) for v in vals], \
+        generation
+
+
+def test_encoded_groups_mix_with_record_groups_in_one_fifo(store: Store) -> None:
+    result = store.append([
+        [Record("a", b"a1")],
+        EncodedGroup([encoded("a", b"a2", b"a3"), encoded("b", b"b1")]),
+        [Record("b", b"b2"), Record("a", b"a4")],
+    ])
+    all_ids = ids_of(result)
+    assert all_ids == sorted(all_ids) and len(set(all_ids)) == 6
+    assert values(store, "a") == [b"a1", b"a2", b"a3", b"a4"]
+    assert values(store, "b") == [b"b1", b"b2"]
+    # Each group's ids are the ids its messages were stored under, in run order.
+    assert result[1] == [m.id for m in read_all(store, "a")[1:3]] + [read_all(store, "b")[0].id]
+    assert stats(store)["b"] == (2, sum(m.stored_bytes for m in read_all(store, "b")))
+    assert read_all(store, "b")[0].record.timestamp_ms == 5
+
+
+def test_an_encoded_group_under_a_stale_generation_is_stored_under_the_current_one(
+    store: Store,
+) -> None:
+    store.bump_generation("t")
+    store.bump_generation("t")
+    store.append([EncodedGroup([encoded("t", b"x", b"y", generation=0)])])
+    assert [(m.record.value, m.generation) for m in read_all(store, "t")] == [(b"x", 2), (b"y", 2)]
+
+
+def test_an_encoded_group_is_all_or_nothing_and_does_not_block_smaller_ones(
+    tmp_path: Path,
+) -> None:
+    with Store(tmp_path / "b", MB) as s:
+        # 1.2 MB together, over max_bytes, though each run alone would fit.
+        half = [b"b" * 300_000] * 2
+        big = EncodedGroup([encoded("t", *half), encoded("u", *half)])
+        result = s.append([EncodedGroup([encoded("t", b"first")]), big, [Record("t", b"last")]])
+        assert isinstance(result[0], list) and isinstance(result[2], list)
+        assert isinstance(result[1], BufferFull)
+        assert values(s, "t") == [b"first", b"last"]
+        assert values(s, "u") == []
+        assert {t: n for t, (n, _) in stats(s).items()} == {"t": 2}
+
+
+def test_encoded_group_state_change_applies_with_it(store: Store) -> None:
+    change = StateChange({b"k": b"v"}, (), lambda ids: {b"ids": b"".join(ids)})
+    (ids,) = store.append([EncodedGroup([encoded("t", b"1", b"2")])], states=[change])
+    assert isinstance(ids, list)
+    assert store.get_state(b"k") == b"v"
+    assert store.get_state(b"ids") == b"".join(ids)

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agent.buffer import codec
 from agent.ingest.datagram import (
     BAD_TOPIC,
     MALFORMED,
@@ -18,6 +19,7 @@ from agent.ingest.datagram import (
     encode_any_partition,
     encode_partition_key,
     parse,
+    parse_encoded,
 )
 from agent.records import Record
 
@@ -371,4 +373,50 @@ def test_partition_key_round_trip(
     topic: str, partition_key: int, value: bytes, key: bytes | None, timestamp_ms: int
 ) -> None:
     record = parse(encode_partition_key(topic, partition_key, value, key, timestamp_ms), LIMIT)
+    assert record == Record(topic, value, key or None, partition_key, timestamp_ms, (), False)
+
+
+# --- parse_encoded: the socket's path, straight to buffer values ----------------------------
+
+
+def outcome(parser: object, data: bytes, limit: int) -> object:
+    try:
+        return parser(data, limit)  # type: ignore[operator]
+    except Reject as exc:
+        return exc.reason
+
+
+@given(mutated_datagrams(), st.integers(0, 100), st.integers(0, 2**32 - 1))
+def test_parse_encoded_agrees_with_parse_then_encode(
+    data: bytes, limit: int, generation: int
+) -> None:
+    """Same verdict for every datagram; when accepted, the value decodes to parse's record."""
+    expected = outcome(parse, data, limit)
+    got = outcome(lambda d, lim: parse_encoded(d, lim, {"other": 7, **_gens(d, generation)}),
+                  data, limit)
+    if isinstance(expected, str):
+        assert got == expected
+        return
+    assert isinstance(expected, Record) and isinstance(got, tuple)
+    topic, value = got
+    assert topic == expected.topic
+    assert value == codec.encode(expected, generation)
+    assert codec.decode(topic, value) == (expected, generation)
+
+
+def _gens(data: bytes, generation: int) -> dict[str, int]:
+    try:
+        return {parse(data, 1 << 30).topic: generation}
+    except Reject:
+        return {}
+
+
+@given(legal_topics, int32s, st.binary(max_size=300), st.none() | st.binary(max_size=100), int64s)
+def test_parse_encoded_round_trip_and_unknown_topic_generation(
+    topic: str, partition_key: int, value: bytes, key: bytes | None, timestamp_ms: int
+) -> None:
+    data = encode_partition_key(topic, partition_key, value, key, timestamp_ms)
+    got_topic, stored = parse_encoded(memoryview(bytearray(data)), LIMIT, {})
+    record, generation = codec.decode(got_topic, stored)
+    assert generation == 0  # a topic missing from the map is generation 0
     assert record == Record(topic, value, key or None, partition_key, timestamp_ms, (), False)
