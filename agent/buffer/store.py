@@ -23,9 +23,11 @@ import os
 import struct
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any, cast
 
@@ -37,6 +39,7 @@ from agent.records import Record
 _COUNT = struct.Struct(">qq")  # messages, bytes
 _SEQ = struct.Struct(">I")  # the sequence half of a message id (keys.ID)
 _LAST_ID = b"last_id"
+_AFTER_SEP = bytes([keys.SEP[0] + 1])  # topic + this sorts after every key of the topic
 _COUNT_PREFIX = b"n:"
 _GEN_PREFIX = b"gen:"
 # LMDB needs room beyond the messages themselves: the free list, tracking, state, and space
@@ -617,26 +620,42 @@ class Store:
         """Up to ``limit`` messages of ``topic`` in FIFO order, after message id ``after``."""
         prefix = keys.topic_prefix(topic)
         start = prefix + after if after is not None else prefix
-        out: list[StoredMessage | Corrupt] = []
         with self._txn(write=False) as txn, txn.cursor(self._messages) as cur:
             if not cur.set_range(start):
-                return out
-            plen = len(prefix)
-            decode = codec.decode
+                return []
+            if after is not None and cur.key() == start and not cur.next():
+                return []
             # The environment is opened without buffers=True, so keys and values are bytes.
-            for k, v in cast(Iterator[tuple[bytes, bytes]], cur):
-                if not k.startswith(prefix):
-                    break
-                if after is not None and k == start:
-                    continue
-                mid = k[plen:]
+            # Take ``limit`` items in C, then cut where the next topic starts (keys sort by
+            # topic, and (k, v) tuples compare by key): no Python test per message.
+            items = cast(list[tuple[bytes, bytes]], list(islice(cur.iternext(), limit)))
+        if items and not items[-1][0].startswith(prefix):
+            del items[bisect_left(items, (prefix[:-1] + _AFTER_SEP,)):]
+        plen = len(prefix)
+        # codec.decode's common case (no headers) inlined: this runs once per message on the
+        # forwarder's hot path. Anything else, a corrupt value included, goes through decode.
+        unpack = codec.HEADER.unpack_from
+        hsize = codec.HEADER.size
+        version_now = codec.VERSION
+        out: list[StoredMessage | Corrupt] = []
+        append = out.append
+        for k, v in items:
+            try:
+                version, flags, gen, ts, pk, klen, nheaders = unpack(v)
+            except struct.error:  # shorter than a header: decode says why
+                version = klen = nheaders = -1
+            pos = hsize + klen
+            if version == version_now and not nheaders and pos <= len(v):
+                record = Record(topic, v[pos:], v[hsize:pos] if flags & codec.HAS_KEY else None,
+                                pk if flags & codec.HAS_PARTITION_KEY else None, ts, (),
+                                bool(flags & codec.HASH_KEY))
+            else:
                 try:
-                    record, gen = decode(topic, v)
-                    out.append(StoredMessage(k, mid, record, gen, len(k) + len(v)))
+                    record, gen = codec.decode(topic, v)
                 except codec.CorruptRecord as exc:
-                    out.append(Corrupt(k, mid, topic, v, str(exc)))
-                if len(out) >= limit:
-                    break
+                    append(Corrupt(k, k[plen:], topic, v, str(exc)))
+                    continue
+            append(StoredMessage(k, k[plen:], record, gen, len(k) + len(v)))
         return out
 
     def remove(self, outcomes: Sequence[Outcome]) -> list[bool]:

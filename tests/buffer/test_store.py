@@ -9,10 +9,13 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agent.buffer import codec, keys
 from agent.buffer.store import (
     BufferFull,
+    Corrupt,
     DeliveredRun,
     EncodedGroup,
     Outcome,
@@ -658,3 +661,63 @@ def test_encoded_group_state_change_applies_with_it(store: Store) -> None:
     assert isinstance(ids, list)
     assert store.get_state(b"k") == b"v"
     assert store.get_state(b"ids") == b"".join(ids)
+
+
+# -- reading what is stored, corrupt values included -------------------------------------------
+def overwrite(store: Store, key: bytes, value: bytes) -> None:
+    """Damage a stored value in place (what a bad disk or a foreign writer could do)."""
+    with store._env.begin(write=True, db=store._messages) as txn:  # noqa: SLF001
+        assert txn.replace(key, value) is not None
+
+
+@st.composite
+def cut_values(draw: st.DrawFn) -> bytes:
+    """A valid stored value cut short or with its key length changed: the values that pass the
+    header's version and header-count checks but are still corrupt, or still valid."""
+    key = draw(st.none() | st.binary(max_size=10))
+    value = codec.encode(Record("t", draw(st.binary(max_size=20)), key=key), 0)
+    if draw(st.booleans()):
+        return value[:draw(st.integers(0, len(value)))]
+    klen_at = codec.HEADER.size - 6  # u32 key length, then u16 header count
+    return value[:klen_at] + draw(st.integers(0, 40)).to_bytes(4, "big") + value[klen_at + 4:]
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.binary(max_size=60) | cut_values(), min_size=1, max_size=4))
+def test_read_turns_each_stored_value_into_what_decode_says(
+    store: Store, damaged: list[bytes]
+) -> None:
+    """read() decodes the common case itself: it must agree with codec.decode on any bytes,
+    a message for a message and Corrupt for a value decode refuses, in FIFO order."""
+    store.purge("t")
+    good = [Record("t", b"v%d" % i, key=b"k" if i % 2 else None,
+                   partition_key=i if i % 3 else None, timestamp_ms=i,
+                   headers=(("h", b"x"),) if i == 4 else ()) for i in range(2 * len(damaged) + 1)]
+    store.append([good])
+    stored = read_all(store, "t")
+    for i, value in enumerate(damaged):
+        overwrite(store, stored[2 * i + 1].key, value)
+    got = store.read("t", None, 1000)
+    assert [m.key for m in got] == [m.key for m in stored]
+    for i, m in enumerate(got):
+        if i % 2 == 1 and i < 2 * len(damaged):
+            raw = damaged[i // 2]
+            try:
+                expected, generation = codec.decode("t", raw)
+            except codec.CorruptRecord as exc:
+                assert isinstance(m, Corrupt) and m.raw == raw and m.error == str(exc)
+                continue
+            assert isinstance(m, StoredMessage)
+            assert (m.record, m.generation) == (expected, generation)
+        else:
+            assert isinstance(m, StoredMessage) and m.record == good[i]
+
+
+def test_read_stops_at_the_topics_end_and_after_the_given_id(store: Store) -> None:
+    store.append([[Record("t", b"1"), Record("t", b"2"), Record("t0", b"x"), Record("u", b"y")]])
+    first, second = read_all(store, "t")
+    assert [m.record.value for m in store.read("t", None, 10)] == [b"1", b"2"]
+    assert [m.id for m in store.read("t", first.id, 10)] == [second.id]
+    assert store.read("t", second.id, 10) == []
+    assert store.read("u", read_all(store, "u")[0].id, 10) == []  # the last key of all
