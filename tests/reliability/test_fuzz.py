@@ -462,11 +462,24 @@ def test_fuzzed_http_requests_are_answered_never_500_and_every_reject_is_counted
         return (metric_total(doc, "messages_accepted", source="http") - base_accepted,
                 metric_total(doc, "messages_rejected", source="http") - base_rejected)
 
+    def requests_short() -> list[tuple[str, int, int, float]]:
+        """Answers per route and status that the agent has not counted (yet)."""
+        doc = agent.counters()
+        short = []
+        for (route, status), n in tally.by_route_status.items():
+            if route in ("publish", "batch"):
+                got = metric_total(doc, "http_requests", route=route, status=str(status))
+                if got < n:
+                    short.append((route, status, n, got))
+        return short
+
     def matches() -> bool:
         accepted, rejected = counted()
         return accepted == tally.accepted and \
-            tally.rejected_min <= rejected <= tally.rejected_max
+            tally.rejected_min <= rejected <= tally.rejected_max and not requests_short()
 
+    # The publish path hands its request counters to the registry in bulk, up to 0.2 s after
+    # the answer (agent/ingest/http/counters.py): wait for them as for the others.
     with contextlib.suppress(AssertionError):
         wait_until(matches, timeout=10)
     accepted, rejected = counted()
@@ -475,11 +488,7 @@ def test_fuzzed_http_requests_are_answered_never_500_and_every_reject_is_counted
         f"{rejected} rejects counted; the answers say {tally.rejected_min} to "
         f"{tally.rejected_max}: {tally}")
     # Requests answered, per route and status, as counted by the agent.
-    doc = agent.counters()
-    for (route, status), n in tally.by_route_status.items():
-        if route in ("publish", "batch"):
-            got = metric_total(doc, "http_requests", route=route, status=str(status))
-            assert got >= n, (route, status, n, got)
+    assert requests_short() == []
     assert agent.alive
     # Everything accepted leaves the buffer delivered, not discarded.
     wait_until(lambda: sum(agent.buffered().values()) == 0, timeout=60, interval=0.2,
