@@ -672,20 +672,34 @@ class Store:
 
         Returns the removed flags of the outcomes, and of each run's keys."""
 
+        now_ms = int(time.time() * 1000)
+        pack = _TRACK.pack
+        states = _STATES
+        id_len = keys.ID_LEN
+        track = self.track
+        delivered = states["delivered"]
+        # The runs' tracking entries and sizes are made before the transaction, as if every
+        # key were still there (the common case): the writer lock, which the ingest process's
+        # commits wait for, is then held for the deletes and puts alone.
+        prepared: list[tuple[list[tuple[bytes, bytes]], int]] = []
+        for run in runs:
+            entries: list[tuple[bytes, bytes]] = []
+            if track:
+                tail = f"{run.topic}\0{run.cluster}\0".encode()
+                entries = [(k[-id_len:], pack(delivered, p, o, now_ms) + tail)
+                           for k, p, o in zip(run.keys, run.partitions, run.offsets,
+                                              strict=True)]
+            prepared.append((entries, sum(run.sizes)))
+
         def body(txn: lmdb.Transaction) -> tuple[list[bool], list[list[bool]]]:
             removed: list[bool] = []
             counts: dict[str, list[int]] = {}
-            now_ms = int(time.time() * 1000)
             tracked: list[tuple[bytes, bytes]] = []
             # The tail of a tracking value ("topic NUL cluster NUL reason") repeats for nearly
             # every message of a batch: encode each distinct one once.
             tails: dict[tuple[str, str, str], bytes] = {}
-            pack = _TRACK.pack
-            states = _STATES
             delete = txn.delete
             messages = self._messages
-            track = self.track
-            id_len = keys.ID_LEN
             for o in outcomes:
                 ok = delete(o.key, b"", messages)  # positional: this runs once per message
                 removed.append(ok)
@@ -704,9 +718,8 @@ class Store:
                     tracked.append((o.key[-id_len:],
                                     pack(states[o.state], o.partition, o.offset, now_ms) + tail))
             run_removed: list[list[bool]] = []
-            delivered = states["delivered"]
-            for run in runs:
-                # Comprehensions, not a loop of statements: this is the per-message hot path.
+            for run, (entries, size) in zip(runs, prepared, strict=True):
+                # A comprehension, not a loop of statements: this is the per-message hot path.
                 ok_list = [delete(k, b"", messages) for k in run.keys]
                 run_removed.append(ok_list)
                 c = counts.get(run.topic)
@@ -714,20 +727,14 @@ class Store:
                     c = counts[run.topic] = [0, 0]
                 if all(ok_list):
                     c[0] += len(ok_list)
-                    c[1] += sum(run.sizes)
-                    gone = run.keys
-                    parts, offs = run.partitions, run.offsets
+                    c[1] += size
+                    tracked += entries
                 else:
                     sel = [i for i, ok in enumerate(ok_list) if ok]
                     c[0] += len(sel)
                     c[1] += sum(run.sizes[i] for i in sel)
-                    gone = [run.keys[i] for i in sel]
-                    parts = [run.partitions[i] for i in sel]
-                    offs = [run.offsets[i] for i in sel]
-                if track and gone:
-                    tail = f"{run.topic}\0{run.cluster}\0".encode()
-                    tracked += [(k[-id_len:], pack(delivered, p, o, now_ms) + tail)
-                                for k, p, o in zip(gone, parts, offs, strict=True)]
+                    if entries:
+                        tracked += [entries[i] for i in sel]
             self._adjust_counts(txn, {t: c for t, c in counts.items() if c[0]}, -1)
             if tracked:
                 with txn.cursor(self._tracking) as cur:
