@@ -23,6 +23,7 @@ from agent.buffer.committer import Committer, Result, ShuttingDown
 from agent.buffer.store import BufferFull, EncodedGroup
 from agent.config import FerryConfig
 from agent.ingest import datagram
+from agent.ingest.gil import lower_switch_interval
 from agent.metrics import REGISTRY, Registry
 from agent.records import Source
 
@@ -79,6 +80,7 @@ class SocketServer:
     def start(self) -> None:
         if self._sock is None:
             self.bind()
+        lower_switch_interval()  # the writer thread's commits wait less for the GIL
         self._thread.start()
 
     def stop(self) -> None:

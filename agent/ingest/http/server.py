@@ -6,7 +6,7 @@ clear error from ``start()`` rather than a log line from another thread, and por
 ``port`` tells the port the kernel chose.
 
 Responses leave in one write per connection and loop iteration (``_CorkedTransport``). The
-GIL switch interval is lowered while HTTP is served (``SWITCH_INTERVAL``), for the writer
+GIL switch interval is lowered while HTTP is served (agent/ingest/gil.py), for the writer
 thread's sake, and the startup heap is frozen out of garbage collections
 (``GC_GEN0_THRESHOLD``), for the tail latency's.
 
@@ -21,7 +21,6 @@ import asyncio
 import logging
 import math
 import socket
-import sys
 import threading
 from typing import Any
 
@@ -31,19 +30,13 @@ from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from agent.gc_tuning import freeze_startup_heap
+from agent.ingest.gil import SWITCH_INTERVAL, lower_switch_interval
 from agent.runtime import Phase, Runtime
 
 log = logging.getLogger(__name__)
 
 START_TIMEOUT = 15.0
 BACKLOG = 2048
-# The interpreter's GIL switch interval while HTTP is served (CPython's default is 5 ms).
-# The buffer writer thread gives up the GIL around each LMDB call and its fsync, and must get
-# it back from a busy event loop each time: with 5 ms, a loaded loop keeps it waiting, so each
-# group commit, and every request in it, takes longer. Measured on the publish benchmark
-# (2 shared vCPUs): 1 ms raised durable publishes from 11-12k to 12-14.5k/s and cut p99 from
-# 15-40 ms to 12-15 ms; 0.5 ms and below did no better.
-SWITCH_INTERVAL = 0.001
 # The cyclic garbage collector while HTTP is served. Requests in flight hold ~20 tracked
 # objects each, so with tens of connections the young generation crosses CPython's default
 # threshold (700) all the time: ~280 collections/s, each walking the live requests (~3 % of
@@ -238,9 +231,7 @@ class HttpServer:
             raise HttpBindError("HTTP is disabled (http.listen is empty)")
         cfg = self.runtime.config.http
         sock = _bind(cfg.host, cfg.port, self.listen)
-        if self.switch_interval is not None and sys.getswitchinterval() > self.switch_interval:
-            # Process-wide; never raised here. None leaves the interpreter's setting alone.
-            sys.setswitchinterval(self.switch_interval)
+        lower_switch_interval(self.switch_interval)
         if self.tune_gc:
             _tune_gc()
         self._sock = sock

@@ -1,0 +1,123 @@
+"""The datagram socket on its own (no forwarder, no Kafka): what it stores, under which topic
+generation, what it counts, and the process setting it makes."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.buffer.committer import Committer
+from agent.buffer.store import Store, StoredMessage
+from agent.config import BufferConfig, FerryConfig, SocketConfig
+from agent.ingest.datagram import encode_any_partition, encode_partition_key
+from agent.ingest.gil import SWITCH_INTERVAL, lower_switch_interval
+from agent.ingest.socket_server import SocketServer
+from agent.metrics import Registry
+from agent.records import Record
+from tests.waiting import wait_until
+
+MB = 1024 * 1024
+
+
+class Running:
+    def __init__(self, tmp_path: Path) -> None:
+        # A short directory: AF_UNIX paths are limited to ~108 bytes.
+        self.config = FerryConfig(buffer=BufferConfig(path=tmp_path / "buffer"),
+                                  socket=SocketConfig(path=tmp_path / "s.sock"))
+        self.store = Store(tmp_path / "buffer", 64 * MB, initial_map_bytes=MB)
+        self.registry = Registry()
+        self.committer = Committer(self.store, registry=self.registry)
+        self.server = SocketServer(self.config, self.committer, self.registry)
+        self.sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+
+    def send(self, datagram: bytes) -> None:
+        self.sender.sendto(datagram, str(self.config.socket.path))
+
+    def counter(self, name: str, **labels: str) -> float:
+        return self.registry.view().total(name, **labels)
+
+    def stored(self, topic: str) -> list[StoredMessage]:
+        return [m for m in self.store.read(topic, None, 10_000) if isinstance(m, StoredMessage)]
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> Iterator[Running]:
+    r = Running(tmp_path)
+    r.committer.start()
+    original = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)
+    r.server.start()
+    try:
+        yield r
+    finally:
+        r.server.stop()
+        r.committer.close()
+        r.store.close()
+        r.sender.close()
+        sys.setswitchinterval(original)
+
+
+def test_datagrams_are_stored_as_sent_in_order_per_topic(running: Running) -> None:
+    sent = [encode_any_partition("a", b"v%d" % i, b"k" if i % 2 else None, 1000 + i)
+            for i in range(50)]
+    sent += [encode_partition_key("b", -7, b"pk", None, 5)]
+    for d in sent:
+        running.send(d)
+    wait_until(lambda: running.counter("messages_accepted") == 51, timeout=30,
+               message="51 datagrams accepted")
+    assert [m.record for m in running.stored("a")] == [
+        Record("a", b"v%d" % i, b"k" if i % 2 else None, None, 1000 + i) for i in range(50)]
+    assert [m.record for m in running.stored("b")] == [Record("b", b"pk", None, -7, 5)]
+    assert running.counter("messages_accepted", source="socket", topic="a") == 50
+    assert running.counter("messages_received", source="socket") == 51
+
+
+def test_a_bad_datagram_is_counted_and_the_good_ones_around_it_are_stored(
+    running: Running,
+) -> None:
+    running.send(encode_any_partition("t", b"before"))
+    running.send(b"\x00\x00\x00\x05junk")
+    running.send(encode_any_partition("t", b"after"))
+    wait_until(lambda: running.counter("messages_received") == 3
+               and running.counter("messages_accepted") == 2, timeout=30,
+               message="3 received, 2 accepted")
+    assert running.counter("messages_rejected", source="socket", reason="malformed") == 1
+    assert [m.record.value for m in running.stored("t")] == [b"before", b"after"]
+
+
+def test_after_a_topic_is_deleted_new_datagrams_carry_its_new_generation(
+    running: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    running.send(encode_any_partition("t", b"old"))
+    wait_until(lambda: running.counter("messages_accepted") == 1, timeout=30,
+               message="the first datagram accepted")
+    # Deleted (through HTTP management, say) while the socket thread's view of generations
+    # is still fresh: the buffer re-encodes what the thread encoded under the old one.
+    assert running.store.bump_generation("t") == 1
+    running.send(encode_any_partition("t", b"new"))
+    wait_until(lambda: running.counter("messages_accepted") == 2, timeout=30,
+               message="the second datagram accepted")
+    assert [(m.record.value, m.generation) for m in running.stored("t")] == [
+        (b"old", 0), (b"new", 1)]
+
+
+def test_the_socket_lowers_the_gil_switch_interval(running: Running) -> None:
+    assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL)  # 0.005 before start
+
+
+@pytest.mark.parametrize(("before", "asked", "after"), [
+    (0.005, 0.001, 0.001), (0.0002, 0.001, 0.0002), (0.005, None, 0.005)])
+def test_lower_switch_interval_never_raises_it(
+    before: float, asked: float | None, after: float
+) -> None:
+    original = sys.getswitchinterval()
+    sys.setswitchinterval(before)
+    try:
+        lower_switch_interval(asked)
+        assert sys.getswitchinterval() == pytest.approx(after)
+    finally:
+        sys.setswitchinterval(original)
