@@ -103,6 +103,15 @@ class SocketServer:
             limit = self._limits[topic] = self.config.topic(topic).max_message_bytes
         return limit
 
+    def _generations(self, current: dict[str, int]) -> dict[str, int]:
+        """The buffer's topic generations now; ``current`` if they cannot be read (the buffer
+        re-encodes what is stale, and the commit reports a disk that is really gone)."""
+        try:
+            return self.committer.store.generations()
+        except Exception as exc:  # noqa: BLE001 - the receive loop must go on
+            log.warning("could not read topic generations (using the last known): %s", exc)
+            return current
+
     def _run(self) -> None:
         sock = self._sock
         assert sock is not None
@@ -111,9 +120,8 @@ class SocketServer:
         parse = datagram.parse_encoded
         limit = self._max_bytes
         reg = self.registry
-        store = self.committer.store
-        generations = store.generations()
-        generations_at = time.monotonic()
+        generations: dict[str, int] = {}
+        generations_at = -GENERATIONS_MAX_AGE
         while not self._stop.is_set():
             try:
                 n = sock.recv_into(buf)
@@ -125,7 +133,7 @@ class SocketServer:
             if self._stop.is_set():
                 return
             if time.monotonic() - generations_at > GENERATIONS_MAX_AGE:
-                generations = store.generations()
+                generations = self._generations(generations)
                 generations_at = time.monotonic()
             # Values by topic, each topic's in arrival order (the order the buffer keeps).
             by_topic: dict[str, list[bytes]] = {}

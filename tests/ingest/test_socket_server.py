@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent.buffer.committer import Committer
-from agent.buffer.store import Store, StoredMessage
+from agent.buffer.store import BufferUnavailable, Store, StoredMessage
 from agent.config import BufferConfig, FerryConfig, SocketConfig
 from agent.ingest.datagram import encode_any_partition, encode_partition_key
 from agent.ingest.gil import SWITCH_INTERVAL, lower_switch_interval
@@ -103,6 +103,22 @@ def test_after_a_topic_is_deleted_new_datagrams_carry_its_new_generation(
                message="the second datagram accepted")
     assert [(m.record.value, m.generation) for m in running.stored("t")] == [
         (b"old", 0), (b"new", 1)]
+
+
+def test_when_generations_cannot_be_read_datagrams_are_still_stored_under_the_right_one(
+    running: Running, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert running.store.bump_generation("t") == 1
+
+    def unreadable() -> dict[str, int]:
+        raise BufferUnavailable("disk_error", "simulated read failure")
+
+    monkeypatch.setattr(running.store, "generations", unreadable)
+    running.send(encode_any_partition("t", b"v"))
+    wait_until(lambda: running.counter("messages_accepted") == 1, timeout=30,
+               message="the datagram accepted")
+    assert [(m.record.value, m.generation) for m in running.stored("t")] == [(b"v", 1)]
+    assert "could not read topic generations" in caplog.text
 
 
 def test_the_socket_lowers_the_gil_switch_interval(running: Running) -> None:
