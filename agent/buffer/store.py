@@ -354,7 +354,6 @@ class Store:
             items: list[tuple[bytes, bytes]] = []
             results: list[list[bytes] | BufferFull] = []
             pack_id = keys.ID.pack
-            pack_seq = _SEQ.pack
             encode = codec.encode
             for gi, group in enumerate(batches):
                 ids: list[bytes] = []
@@ -371,22 +370,12 @@ class Store:
                         if encoded_under != t[1]:
                             values = codec.with_generation(values, t[1])
                         n = len(values)
-                        if seq + n - 1 > 0xFFFFFFFF:
-                            mids = []
-                            for _ in range(n):
-                                if seq > 0xFFFFFFFF:
-                                    ts, seq = ts + 1, 0
-                                mids.append(pack_id(ts, seq))
-                                seq += 1
-                        else:
-                            base = ts.to_bytes(8, "big")
-                            mids = [base + pack_seq(i) for i in range(seq, seq + n)]
-                            seq += n
                         prefix = t[0]
-                        run_keys = [prefix + mid for mid in mids]
+                        run_keys, ts, seq = _run_keys(prefix, ts, seq, n)
                         size = sum(map(len, values)) + n * (len(prefix) + keys.ID_LEN)
                         need += size + n * RECORD_OVERHEAD
-                        ids += mids
+                        plen = len(prefix)
+                        ids += [k[plen:] for k in run_keys]
                         encoded += zip(run_keys, values, strict=True)
                         added.append((t, n, size))
                     if need > room:
@@ -501,19 +490,7 @@ class Store:
                     # rewritten under the current generation, inside this transaction.
                     values = codec.with_generation(values, generation)
                 prefix = keys.topic_prefix(topic)
-                if seq + n - 1 > 0xFFFFFFFF:
-                    # The sequence would wrap within this topic: ids one by one, as in append.
-                    topic_keys = []
-                    for _ in range(n):
-                        if seq > 0xFFFFFFFF:
-                            ts, seq = ts + 1, 0
-                        topic_keys.append(prefix + keys.ID.pack(ts, seq))
-                        seq += 1
-                else:
-                    base = prefix + ts.to_bytes(8, "big")
-                    pack_seq = _SEQ.pack
-                    topic_keys = [base + pack_seq(s) for s in range(seq, seq + n)]
-                    seq += n
+                topic_keys, ts, seq = _run_keys(prefix, ts, seq, n)
                 size = sum(map(len, values)) + n * (len(prefix) + keys.ID_LEN)
                 need += size + n * RECORD_OVERHEAD
                 counts[topic] = [n, size]
@@ -804,6 +781,23 @@ class Store:
 
     def sync(self) -> None:
         self._env.sync(True)
+
+
+def _run_keys(prefix: bytes, ts: int, seq: int, n: int) -> tuple[list[bytes], int, int]:
+    """Keys for ``n`` consecutive messages of one topic (``prefix``), from id ``(ts, seq)``
+    on, and the ``(ts, seq)`` after them: ``append``'s id rule, a run at a time."""
+    if seq + n - 1 > 0xFFFFFFFF:
+        # The sequence would wrap within the run: ids one by one, as in append.
+        out = []
+        for _ in range(n):
+            if seq > 0xFFFFFFFF:
+                ts, seq = ts + 1, 0
+            out.append(prefix + keys.ID.pack(ts, seq))
+            seq += 1
+        return out, ts, seq
+    base = prefix + ts.to_bytes(8, "big")
+    pack_seq = _SEQ.pack
+    return [base + pack_seq(i) for i in range(seq, seq + n)], ts, seq + n
 
 
 def _apply_state(

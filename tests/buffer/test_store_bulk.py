@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent.buffer import codec, keys
-from agent.buffer.store import BufferFull, Store
+from agent.buffer.store import BufferFull, EncodedGroup, Store
 from agent.records import Record
 from tests.buffer.test_store import FakeClock, clock, read_all, stats, values
 
@@ -107,15 +107,26 @@ def test_a_run_encoded_under_an_old_generation_is_stored_under_the_current_one(
     assert read_all(store, "u")[0].generation == 0
 
 
-def test_the_sequence_wraps_into_the_next_millisecond(store: Store, clock: FakeClock) -> None:
+@pytest.mark.parametrize("through", ["append_encoded", "append"])
+def test_the_sequence_wraps_into_the_next_millisecond(
+    store: Store, clock: FakeClock, through: str
+) -> None:
+    """Both ways of storing pre-encoded runs (the spool's bulk path, the socket's
+    EncodedGroup) allocate ids with the same rule, wrap included."""
     store.append_encoded([run([rec("t", b"0")])])
     ms = int(clock.now * 1000)
     # Put the id counter just below the end of the sequence range.
     with store._txn(write=True) as txn:  # noqa: SLF001 - set up an edge the clock cannot
         txn.put(b"last_id", keys.ID.pack(ms, 0xFFFFFFFE), db=store._meta)  # noqa: SLF001
-    store.append_encoded([run([rec("t", b"%d" % i) for i in range(1, 5)])])
+    later = run([rec("t", b"%d" % i) for i in range(1, 5)])
+    if through == "append":
+        (given,) = store.append([EncodedGroup([later])])
+    else:
+        store.append_encoded([later])
     ids = [keys.ID.unpack(m.id) for m in read_all(store, "t")]
     assert ids[1:] == [(ms, 0xFFFFFFFF), (ms + 1, 0), (ms + 1, 1), (ms + 1, 2)]
+    if through == "append":
+        assert given == [m.id for m in read_all(store, "t")[1:]]
     assert values(store, "t") == [b"%d" % i for i in range(5)]
 
 
