@@ -45,6 +45,10 @@ class BufferConfig(_Section):
     commit_interval_ms: float = Field(default=0.0, ge=0, le=1000)
     commit_max_messages: int = Field(default=20000, ge=1)
     discard_log: Path | None = None  # default: <buffer.path>/discards.jsonl
+    # The nice value of the ingest writer thread (0 leaves it alone). Under full load on a
+    # small machine its commits otherwise wait for a CPU behind less urgent threads; see
+    # docs/buffer.md. Needs RLIMIT_NICE (the packaged unit's LimitNICE=-5) or CAP_SYS_NICE.
+    writer_nice: int = Field(default=-5, ge=-20, le=19)
 
 
 class SocketConfig(_Section):

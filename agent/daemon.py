@@ -128,7 +128,8 @@ class Agent:
                            track_seconds=config.status.track_seconds)
         self.committer = Committer(self.store, registry=registry,
                                    max_batch_messages=config.buffer.commit_max_messages,
-                                   linger_ms=config.buffer.commit_interval_ms)
+                                   linger_ms=config.buffer.commit_interval_ms,
+                                   nice=config.buffer.writer_nice)
         self.runtime = Runtime(config, self.store, self.committer, registry)
         self.forwarder = ForwarderHandle(config, registry)
         self.stages: list[Stage] = []

@@ -179,6 +179,9 @@ def run(args: argparse.Namespace) -> None:
         commit_seconds = time_commits(agent)
         ack_seconds, last_ack = time_acks(agent)
         agent.start()
+        # What buffer.writer_nice came to (it needs privileges; the log says when refused).
+        tid = agent.committer.native_id
+        writer_nice = os.getpriority(os.PRIO_PROCESS, tid) if tid is not None else "?"
         # The forwarder process is spawned: wait until its loop runs (its gauges arrive over
         # the pipe), so its start-up (imports, connecting) is not counted as per-message CPU.
         wait_until(lambda: registry.view().total("cluster_up") >= 1, timeout=60,
@@ -238,7 +241,8 @@ def run(args: argparse.Namespace) -> None:
         agent.stop()
         end = accepted_at or time.perf_counter()
         print(f"machine: {os.cpu_count()} cores; messages: {total} x {args.size} B; "
-              f"senders: {args.senders}; net.unix.max_dgram_qlen: {QLEN.read_text().strip()}")
+              f"senders: {args.senders}; net.unix.max_dgram_qlen: {QLEN.read_text().strip()}; "
+              f"writer thread nice: {writer_nice}")
         print(f"accepted: {acc:.0f} in {end - t0:.2f} s = {acc / (end - t0):,.0f} msg/s")
         print(f"rejected: {rej:.0f}; lost (sent - accepted - rejected): {total - acc - rej:.0f}")
         print(f"commits: {h.count}; commit latency p50 <= {(h.quantile(0.5) or 0) * 1000:.1f} ms,"

@@ -6,6 +6,8 @@ submissions queue up, or queue them before ``start()``; nothing depends on timin
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -427,3 +429,44 @@ def test_an_unexpected_store_error_refuses_the_batch_and_the_writer_carries_on(
     assert view.total("messages_rejected", source="socket", reason="disk_error") == 1
     assert isinstance(committer.commit([Record("t", b"4")], "socket", timeout=WAIT), list)
     assert stored_values(store, "t") == [b"4"]
+
+
+# -- the writer thread's priority -------------------------------------------------------------
+def test_the_writer_thread_alone_takes_the_nice_value_it_is_given(
+    store: Store, registry: Registry
+) -> None:
+    # A higher nice value (lower priority) is always allowed, so this holds without privileges;
+    # the packaged unit's -5 is checked under systemd in tests/packaging.
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    c = Committer(store, registry=registry, nice=before + 3)
+    c.start()
+    try:
+        assert c.commit([Record("t", b"x")], "http", timeout=WAIT) != []
+        assert c.native_id is not None
+        assert os.getpriority(os.PRIO_PROCESS, c.native_id) == before + 3
+        # Only that thread: the rest of the process keeps its priority.
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
+    finally:
+        c.close()
+
+
+def test_a_refused_nice_value_is_logged_and_the_writer_commits_as_usual(
+    store: Store, registry: Registry, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def refuse(which: int, who: int, prio: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "setpriority", refuse)
+    c = Committer(store, registry=registry, nice=-5)
+    with caplog.at_level(logging.INFO, logger="agent.buffer.committer"):
+        c.start()
+        try:
+            ids = c.commit([Record("t", b"x")], "http", timeout=WAIT)
+        finally:
+            c.close()
+    assert isinstance(ids, list) and len(ids) == 1
+    assert [m.record.value for m in store.read("t", None, 10)
+            if isinstance(m, StoredMessage)] == [b"x"]
+    refused = [r.getMessage() for r in caplog.records if "nice value" in r.getMessage()]
+    assert len(refused) == 1 and "-5" in refused[0] and "LimitNICE" in refused[0], refused

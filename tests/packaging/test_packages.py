@@ -448,6 +448,25 @@ def test_service_starts_under_systemd_and_accepts_messages(
     got = consume_all(broker.bootstrap, topic, 1, timeout=30)
     assert [m.value for m in got] == [b"via systemd"]
 
+    # The buffer's writer thread, and only it, runs at buffer.writer_nice (-5), which the
+    # unit's LimitNICE (RLIMIT_NICE 25) and its system call filter allow (docs/buffer.md).
+    # systemd can raise that limit only with CAP_SYS_RESOURCE; where its host lacks it (this
+    # CI machine's root does), the limit stays 0 and the agent must log the refusal and run on.
+    assert container.run("systemctl", "show", "-p", "LimitNICE", "--value",
+                         "ferry.service").stdout.strip() == "25"
+    pid = container.run("systemctl", "show", "-p", "MainPID", "--value",
+                        "ferry.service").stdout.strip()
+    limits = container.run("cat", f"/proc/{pid}/limits").stdout
+    granted = re.search(r"Max nice priority\s+(\d+)", limits)
+    assert granted, limits
+    nices = container.run("sh", "-c", f"for t in /proc/{pid}/task/*; do "
+                          f"sed 's/.*) //' $t/stat | cut -d' ' -f17; done").stdout.split()
+    if granted.group(1) == "25":
+        assert nices.count("-5") == 1 and set(nices) == {"0", "-5"}, nices
+    else:
+        assert set(nices) == {"0"}, nices
+        assert "setting it to -5 was refused" in container.journal("ferry.service")
+
     security = container.run("systemd-analyze", "security", "--no-pager", "ferry.service",
                              check=False).stdout
     match = re.search(r"Overall exposure level for ferry\.service: (\d+\.\d+)", security)
