@@ -71,7 +71,7 @@ def serve(root: str, conn: Connection, linger_ms: float | None = None,
     committer = Committer(store, registry=registry,
                           max_batch_messages=cfg.buffer.commit_max_messages,
                           linger_ms=cfg.buffer.commit_interval_ms if linger_ms is None
-                          else linger_ms)
+                          else linger_ms, nice=cfg.buffer.writer_nice)
     committer.start()
     runtime = Runtime(cfg, store, committer, registry)
     # Without --switch-interval the server lowers it as in production (SWITCH_INTERVAL).
