@@ -56,6 +56,8 @@ STALE_PRODUCER = {
     KafkaError._MSG_TIMED_OUT,
 }
 REPLACE_INTERVAL = 5.0
+# Most expired messages one step discards from a topic it cannot send to (_expire_head).
+EXPIRE_PER_STEP = 2000
 
 
 @dataclass(slots=True, eq=False)
@@ -108,6 +110,8 @@ class _Leaving:
     runs: dict[tuple[str, str], DeliveredRun] = field(default_factory=dict)
     delivered: int = 0  # messages in runs
     since: float = 0.0
+    logged: int = 0  # discards[:logged] are in the discard log already
+    retry_at: float = 0.0  # after a failed delete: not before then
 
     def __len__(self) -> int:
         return len(self.outcomes) + self.delivered
@@ -170,7 +174,7 @@ class Forwarder:
         self._check_health(now)
         lv = self._leaving
         n = len(lv)
-        if n and (n >= 2000 or now - lv.since >= 0.002):
+        if n and now >= lv.retry_at and (n >= 2000 or now - lv.since >= 0.002):
             self._flush_leaving()
             worked = True
         if now >= self._next_gauges:
@@ -239,6 +243,8 @@ class Forwarder:
                 st.in_flight += 1
                 self._in_flight += 1
                 self._send(Flight(m, settings), now)
+                if st.recovering:
+                    break  # it is queued for a retry: the rest of the batch waits behind it
         return worked
 
     def _sendable(self, m: StoredMessage | Corrupt, settings: TopicConfig, gen: int,
@@ -300,14 +306,19 @@ class Forwarder:
                         headers=list(r.headers) if r.headers else None,
                         on_delivery=f)
             except BufferError:
+                # The producer's queue is full. This one waits for a retry, and so does the
+                # rest of the batch (read again from here later): a later message of the same
+                # key must not go out first.
                 st.in_flight += 1
                 self._in_flight += 1
                 self._schedule_retry(f, 0.05)
-                continue
+                break
             except KafkaException as exc:
                 st.in_flight += 1
                 self._in_flight += 1
                 self._refused_at_once(f, LOCAL, exc)
+                if st.recovering:
+                    break  # refused for now and queued for a retry: as above
                 continue
             f.sent_local_at = now
             f.pending = 1
@@ -329,24 +340,34 @@ class Forwarder:
     def _expire_head(self, topic: str, st: _TopicState, now: float) -> bool:
         """Discard expired messages at the head of a topic that cannot be sent right now.
 
-        Messages are in acceptance order, so the expired ones are a prefix."""
+        Messages are in acceptance order, so the expired ones are a prefix (undecodable ones
+        in it are discarded as such). At most ``EXPIRE_PER_STEP`` a call: a long outage can
+        leave millions expired, and what is discarded is held until its batched delete."""
         if now < st.expiry_check_at:
             return False
-        st.expiry_check_at = now + 1.0
         settings = self.topic_settings(topic)
         cutoff_ms = int(time.time() * 1000) - settings.ttl_seconds * 1000
         worked = False
-        while True:
-            batch = self.store.read(topic, st.cursor, 1000)
-            expired = [m for m in batch
-                       if isinstance(m, StoredMessage) and m.accepted_ms < cutoff_ms]
-            for m in expired:
+        budget = EXPIRE_PER_STEP
+        while budget > 0:
+            want = min(1000, budget)
+            batch = self.store.read(topic, st.cursor, want)
+            for m in batch:
+                if isinstance(m, Corrupt):
+                    self._discard_corrupt(m)
+                elif m.accepted_ms < cutoff_ms:
+                    self._discard(Flight(m, settings), "ttl",
+                                  f"older than ttl_seconds={settings.ttl_seconds}")
+                else:
+                    st.expiry_check_at = now + 1.0  # the head is young enough: look again later
+                    return worked
                 st.cursor = m.id
-                self._discard(Flight(m, settings), "ttl",
-                              f"older than ttl_seconds={settings.ttl_seconds}")
                 worked = True
-            if len(expired) < len(batch) or not batch:
+                budget -= 1
+            if len(batch) < want:
+                st.expiry_check_at = now + 1.0  # all of the topic expired and discarded
                 return worked
+        return worked  # more may have expired: the next step goes on, after the delete
 
     def _layout_known(self, topic: str) -> bool:
         local = self.clusters[LOCAL]
@@ -417,6 +438,10 @@ class Forwarder:
         a bug in Ferry, which must cost a retry, never a message."""
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
         code = err.code() if err is not None else None
+        if err is not None and (err.fatal() or code == KafkaError._FATAL):
+            # A producer in librdkafka's fatal state refuses every produce() this way, and no
+            # delivery report will come to say so: start a fresh one.
+            self._replace_producer(cluster, f.settings.acks, err)
         self._failed(f, cluster, str(exc), permanent=code in PERMANENT,
                      code=err.name() if err is not None else "error")
 
@@ -505,16 +530,18 @@ class Forwarder:
         self.registry.inc("delivery_failures", topic=f.msg.topic, cluster=cluster, error=code)
         self.registry.sample("error", code, {"topic": f.msg.topic, "cluster": cluster,
                                              "id": keys.id_text(f.msg.id), "detail": error})
+        if f.pending > 0:
+            # The other cluster may still acknowledge it: its answer decides, even when this
+            # one refused the message for good (e.g. the remote cluster's ACLs differ).
+            return
         if permanent:
             self._discard(f, "invalid", f"{cluster}: {error}", in_flight=True)
             return
-        if f.pending > 0:
-            return  # the other cluster may still acknowledge it
         remote = self.clusters.get(REMOTE)
         # Hermes' fallback: the local send failed, try the remote datacenter at once.
         if (cluster == LOCAL and f.settings.fallback_to_remote and remote is not None
-                and not f.sent_remote and self._produce(f, REMOTE)):
-            return
+                and not f.sent_remote and self._produce(f, REMOTE) is not None):
+            return  # sent; or refused at once, and already handled as the remote's failure
         if attempt:
             f.attempts += 1
         if attempt and f.settings.max_attempts and f.attempts >= f.settings.max_attempts:
@@ -551,16 +578,28 @@ class Forwarder:
             due, st.retry = st.retry, []
             st.retry_at = 0.0
             self._retry_topics.discard(topic)
-            for f in due:
+            gen = self._generations.get(topic, 0)
+            for i, f in enumerate(due):
                 if f.done:
                     continue
                 worked = True
+                if f.msg.generation < gen:
+                    self._discard(f, "generation", "the topic was deleted after this message "
+                                  f"was accepted; last error: {f.last_error}", in_flight=True)
+                    continue
                 if now_ms - f.msg.accepted_ms > f.settings.ttl_seconds * 1000:
                     self._discard(f, "ttl", f"older than ttl_seconds={f.settings.ttl_seconds};"
                                   f" last error: {f.last_error}", in_flight=True)
                     continue
                 f.sent_remote = False
                 self._send(f, now)
+                if st.retry:
+                    # It could not be sent (producer queue full, refused for now) and is queued
+                    # again: the ones behind it wait too, or they would overtake it.
+                    for g in due[i + 1:]:
+                        if not g.done:
+                            bisect.insort(st.retry, g, key=lambda x: x.msg.id)
+                    break
         return worked
 
     def _due_speculative(self, now: float) -> bool:
@@ -570,6 +609,8 @@ class Forwarder:
             _, f = self._speculative.popleft()
             if f.done or f.sent_remote or remote is None:
                 continue
+            if f.msg.generation < self._generations.get(f.msg.topic, 0):
+                continue  # the topic was deleted meanwhile: only the local send's answer counts
             worked = True
             if self._produce(f, REMOTE) is None:
                 self._speculative.append((now + 0.02, f))  # remote partitions not known yet
@@ -617,11 +658,13 @@ class Forwarder:
         runs = list(lv.runs.values())
         try:
             # Discard-log lines first: a crash between the two leaves a message in both.
-            self.discard_log.write(lv.discards)
+            # Each line once: after a failed delete only the discards added since are new.
+            self.discard_log.write(lv.discards[lv.logged:])
+            lv.logged = len(lv.discards)
             removed, runs_removed = self.store.remove_many(lv.outcomes, runs)
         except Exception as exc:  # noqa: BLE001 - disk trouble: keep everything, try later
             log.error("could not remove %d messages from the buffer yet: %s", len(lv), exc)
-            lv.since = time.monotonic() + 0.5
+            lv.retry_at = time.monotonic() + 0.5
             return
         self._leaving = _Leaving()
         reg = self.registry
