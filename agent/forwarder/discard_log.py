@@ -9,6 +9,7 @@ leaves a message in both places (replay may duplicate it) but never in neither.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import threading
@@ -81,11 +82,19 @@ class DiscardLog:
         with self._lock:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
             try:
-                view = memoryview(data)
-                while view:
-                    n = os.write(fd, view)
-                    view = view[n:]
-                os.fsync(fd)
+                size = os.fstat(fd).st_size
+                try:
+                    view = memoryview(data)
+                    while view:
+                        n = os.write(fd, view)
+                        view = view[n:]
+                    os.fsync(fd)
+                except OSError:
+                    # A part written (disk full) would glue the retry's first line onto a
+                    # fragment, and `ferry replay` refuses a file with a broken line.
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, size)
+                    raise
             finally:
                 os.close(fd)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -160,3 +162,22 @@ def test_any_records_round_trip(tmp_path: Path, written: list[Record]) -> None:
     path.unlink(missing_ok=True)
     DiscardLog(path).write([discard(r) for r in written])
     assert [fields(r) for _, r in read_discards(path)] == [fields(r) for r in written]
+
+
+def test_a_write_cut_short_by_a_full_disk_leaves_no_fragment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = DiscardLog(tmp_path / "d.jsonl")
+    log.write([discard(Record("t", b"first"))])
+    real_write = os.write
+
+    def half_then_full(fd: int, data: memoryview | bytes) -> int:
+        real_write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "write", half_then_full)
+        with pytest.raises(OSError):
+            log.write([discard(Record("t", b"second"))])
+    log.write([discard(Record("t", b"second"))])  # the caller's retry, once there is room
+    assert [r.value for _, r in read_discards(log.path)] == [b"first", b"second"]
