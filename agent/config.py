@@ -126,7 +126,8 @@ class TopicConfig(_Section):
     max_attempts: int = Field(default=0, ge=0)  # 0 = retry until the TTL
     content_type: Literal["binary", "json", "avro"] = "binary"
     schema_: str | None = Field(default=None, alias="schema")
-    rate_limit: float = Field(default=0, ge=0)  # messages/s over HTTP; 0 = unlimited
+    # messages/s over HTTP; 0 = unlimited. Finite: JSON has no infinity to store it as.
+    rate_limit: float = Field(default=0, ge=0, allow_inf_nan=False)
     ack_timeout_ms: int = Field(default=65, ge=0)
     fallback_to_remote: bool = False
     speculative_send_delay_ms: int = Field(default=250, ge=0)

@@ -96,6 +96,13 @@ def test_creating_an_existing_topic_is_409(managed: Served) -> None:
     ({"name": "x", "content_type": "avro", "schema": "{not json"}, "not JSON"),
     ({"name": "x", "content_type": "avro", "schema": {"type": "record"}}, "Avro schema"),
     ({"name": "x", "content_type": "json", "schema": {"type": 5}}, "JSON Schema"),
+    ({"name": "x", "content_type": "json", "schema": "5"}, "an object (or true/false)"),
+    ({"name": "x", "content_type": "json", "schema": "null"}, "an object (or true/false)"),
+    ({"name": "x", "content_type": "json", "schema": {"$ref": "#/definitions/nope"}},
+     "does not resolve"),
+    ({"name": "x", "content_type": "json",
+      "schema": {"properties": {"a": {"$ref": "https://example.com/a.json"}}}},
+     "does not resolve"),
     ({"acks": "all"}, '"name"'),
     ({"name": "no spaces"}, "legal Kafka topic name"),
 ])
@@ -120,11 +127,16 @@ def test_schema_may_be_given_as_an_object(managed: Served) -> None:
     (b"[1]", "application/json", 400),
     (b"{", "application/json", 400),
     (b"name=x", "application/x-www-form-urlencoded", 415),
+    (b"[" * 5000, "application/json", 400),  # nested past Python's recursion limit
+    (b'{"name": "x", "rate_limit": 1e999}', "application/json", 400),  # infinity
+    (b'{"name": "x", "rate_limit": Infinity}', "application/json", 400),
+    (b'{"name": "x", "rate_limit": NaN}', "application/json", 400),
 ])
 def test_bad_bodies(managed: Served, content: bytes, ctype: str, status: int) -> None:
     r = managed.client.post("/topics", content=content, headers={"Content-Type": ctype})
     assert r.status_code == status
     assert set(r.json()) == {"error", "message"}
+    assert managed.client.get("/topics/x").status_code == 404
 
 
 def test_oversized_definition_is_413(managed: Served) -> None:
@@ -186,3 +198,12 @@ def test_catalog_sees_changes_from_another_catalog_after_refresh(managed: Served
     now[0] += 1.0
     entry = other.entry("late")
     assert entry is not None and entry.settings.acks == "all"
+
+
+def test_a_schema_reference_into_the_schema_itself_is_accepted(managed: Served) -> None:
+    schema = {"$defs": {"n": {"type": "integer"}}, "properties": {"a": {"$ref": "#/$defs/n"}}}
+    r = managed.client.post("/topics", json={"name": "refs", "content_type": "json",
+                                             "schema": schema, "ack_timeout_ms": 0})
+    assert r.status_code == 201, r.text
+    assert managed.client.post("/topics/refs", json={"a": 1}).status_code == 202
+    assert managed.client.post("/topics/refs", json={"a": "x"}).status_code == 400

@@ -185,6 +185,31 @@ def test_json_topic_refuses_what_is_not_json(typed: Served, body: bytes) -> None
     assert typed.messages("j") == []
 
 
+DEEP = b"[" * 5000  # nested past Python's recursion limit
+
+
+@pytest.mark.parametrize(("path", "body", "ctype"), [
+    ("/topics/j", DEEP, "application/json"),
+    ("/topics/j/batch", DEEP, "application/json"),
+    ("/topics/j/batch", b"1\n" + DEEP, "application/x-ndjson"),
+    ("/topics/a", DEEP, "application/json"),
+    # JSON escapes can spell a lone surrogate, which has no UTF-8 form to store.
+    ("/topics/j/batch", b'["\\ud800"]', "application/json"),
+    ("/topics/bin/batch", b'["ok", "\\udfff"]', "application/json"),
+    ("/topics/a", b'{"id": 1, "item": "\\ud800"}', "application/json"),
+    ("/topics/a/batch", b'{"id": 1, "item": "\\ud800"}', "application/x-ndjson"),
+], ids=["deep-single", "deep-array", "deep-ndjson", "deep-avro", "surrogate-json-array",
+        "surrogate-binary-array", "surrogate-avro", "surrogate-avro-ndjson"])
+def test_bodies_that_parse_badly_are_400_not_500(typed: Served, path: str, body: bytes,
+                                                   ctype: str) -> None:
+    r = typed.client.post(path, content=body, headers={"Content-Type": ctype})
+    assert r.status_code == 400, r.text
+    assert _error(r)["error"] == "invalid_body"
+    topic = path.split("/")[2]
+    assert typed.messages(topic) == []
+    assert typed.counter("messages_rejected", source="http", reason="invalid") >= 1
+
+
 def test_json_topic_refuses_other_media_types(typed: Served) -> None:
     r = typed.client.post("/topics/j", content=b"{}", headers={"Content-Type": "text/plain"})
     assert r.status_code == 415

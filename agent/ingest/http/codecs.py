@@ -22,12 +22,15 @@ from __future__ import annotations
 import functools
 import io
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import fastavro
 import jsonschema
 from jsonschema.exceptions import best_match
+from referencing import Registry
+from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT202012, specification_with
 
 from agent.config import TopicConfig
 
@@ -41,6 +44,11 @@ class BodyError(Exception):
 
 class MediaTypeError(Exception):
     """The body's Content-Type is not one the topic accepts (415)."""
+
+
+class SchemaUnusable(Exception):
+    """The topic's schema cannot judge this message (a reference below a nested ``$id`` that
+    does not resolve): the topic's definition is at fault, not the message."""
 
 
 JSON = "application/json"
@@ -74,6 +82,18 @@ def parse_json(data: bytes, what: str = "body") -> Any:
         return json.loads(data, parse_constant=_no_constants)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BodyError(f"{what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        # A few KB of "[[[[..." is enough to exhaust Python's stack in the decoder.
+        raise BodyError(f"{what} is nested too deeply to be read as JSON") from None
+
+
+def _not_unicode(where: str, exc: UnicodeEncodeError, count: int = 1) -> BodyError:
+    # JSON's \uXXXX escapes can spell lone surrogates, which no UTF-8 text can hold.
+    error = BodyError(f"{where} holds a string that is not valid Unicode ({exc.reason}: "
+                      f"{exc.object[exc.start:exc.end]!r}); a \\uD800-\\uDFFF escape must "
+                      "be half of a surrogate pair")
+    error.count = count
+    return error
 
 
 def _compact(value: Any) -> bytes:
@@ -109,12 +129,52 @@ def _json_schema_validator(text: str) -> Any:
         schema = json.loads(text)
     except ValueError as exc:
         raise ValueError(f"the JSON Schema is not JSON: {exc}") from None
+    if not isinstance(schema, dict | bool):
+        raise ValueError(f"a JSON Schema is an object (or true/false), not {_json_type(schema)}")
     cls = jsonschema.validators.validator_for(schema)
     try:
         cls.check_schema(schema)
     except jsonschema.SchemaError as exc:
         raise ValueError(f"not a valid JSON Schema: {exc.message}") from None
+    _check_refs(schema)
     return cls(schema)
+
+
+def _check_refs(schema: Any) -> None:
+    """Refuse a schema whose ``$ref``s do not resolve: otherwise it is accepted here and every
+    message that reaches the reference fails. Ferry fetches nothing over the network, so
+    only references into the schema itself can resolve. References below a nested ``$id``
+    (another base URI) are left to the validator."""
+    dialect = schema.get("$schema", "") if isinstance(schema, dict) else ""
+    spec = specification_with(dialect, default=DRAFT202012)
+    resolver = Registry().resolver_with_root(spec.create_resource(schema))
+    for ref in _refs(schema):
+        try:
+            resolver.lookup(ref)
+        except Unresolvable as exc:
+            raise ValueError(f"$ref {ref!r} does not resolve within the schema ({exc})"
+                             ) from None
+
+
+def _refs(node: Any) -> Iterator[str]:
+    """The ``$ref`` strings of a schema, outside nested resources (``$id``) and values."""
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            yield ref
+        for key, value in node.items():
+            if key in ("enum", "const", "examples", "default"):
+                continue  # instances, not schemas
+            yield from _refs_below(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _refs_below(item)
+
+
+def _refs_below(node: Any) -> Iterator[str]:
+    if isinstance(node, dict) and "$id" in node:
+        return  # a nested resource with its own base URI
+    yield from _refs(node)
 
 
 # -- codecs ------------------------------------------------------------------------------------
@@ -134,6 +194,12 @@ class TopicCodec:
 
     # -- single messages -------------------------------------------------------------------
     def single(self, media: str | None, body: bytes) -> bytes:
+        try:
+            return self._single(media, body)
+        except UnicodeEncodeError as exc:
+            raise _not_unicode("the body", exc) from None
+
+    def _single(self, media: str | None, body: bytes) -> bytes:
         if self.content_type == "binary":
             return body
         if self.content_type == "json":
@@ -172,6 +238,7 @@ class TopicCodec:
         if self.content_type == "binary":
             return [line for _, line in lines]
         out: list[bytes] = []
+        number = 0
         try:
             for number, line in lines:
                 value = parse_json(line, f"line {number}")
@@ -180,6 +247,8 @@ class TopicCodec:
                     out.append(line)
                 else:
                     out.append(self._to_avro(value, f"line {number}"))
+        except UnicodeEncodeError as exc:
+            raise _not_unicode(f"line {number}", exc, len(lines)) from None
         except BodyError as exc:
             exc.count = len(lines)
             raise
@@ -190,6 +259,7 @@ class TopicCodec:
         if not isinstance(items, list):
             raise BodyError(f"a JSON batch is an array of messages, not {_json_type(items)}")
         out: list[bytes] = []
+        where = "the batch"
         try:
             for index, value in enumerate(items):
                 where = f"message [{index}]"
@@ -200,6 +270,8 @@ class TopicCodec:
                     out.append(_compact(value))
                 else:
                     out.append(self._to_avro(value, where))
+        except UnicodeEncodeError as exc:
+            raise _not_unicode(where, exc, len(items)) from None
         except BodyError as exc:
             exc.count = len(items)
             raise
@@ -209,7 +281,11 @@ class TopicCodec:
     def _check_json(self, value: Any, where: str = "body") -> None:
         if self._json_validator is None:
             return
-        error = best_match(self._json_validator.iter_errors(value))
+        try:
+            error = best_match(self._json_validator.iter_errors(value))
+        except Unresolvable as exc:
+            raise SchemaUnusable(f"its JSON Schema has a $ref that does not resolve: {exc}"
+                                 ) from None
         if error is not None:
             path = "".join(f"[{p!r}]" for p in error.absolute_path)
             raise BodyError(f"{where}{path} does not match the topic's JSON Schema: "

@@ -29,7 +29,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from agent.config import TopicConfig
-from agent.ingest.http.codecs import check_topic, is_json, media_type
+from agent.ingest.http.codecs import BodyError, check_topic, is_json, media_type, parse_json
 from agent.ingest.http.errors import error_body
 from agent.ingest.http.topics import (
     InvalidTopicName,
@@ -187,9 +187,9 @@ class TopicsApi:
             raise ApiError(408, "request_timeout",
                            f"the body did not arrive within {self.body_timeout:g} s") from None
         try:
-            doc = json.loads(b"".join(chunks))
-        except ValueError as exc:
-            raise ApiError(400, "invalid_body", f"body is not valid JSON: {exc}") from None
+            doc = parse_json(b"".join(chunks))
+        except BodyError as exc:
+            raise ApiError(400, "invalid_body", str(exc)) from None
         if not isinstance(doc, dict):
             raise ApiError(400, "invalid_body", "the body is a JSON object of topic settings")
         return doc

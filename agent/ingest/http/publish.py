@@ -28,7 +28,13 @@ from agent.buffer.committer import ShuttingDown
 from agent.buffer.store import BufferFull, BufferUnavailable, InvalidGroup
 from agent.config import TopicConfig
 from agent.ingest.http import idempotency as idem
-from agent.ingest.http.codecs import BodyError, Codecs, MediaTypeError, media_type
+from agent.ingest.http.codecs import (
+    BodyError,
+    Codecs,
+    MediaTypeError,
+    SchemaUnusable,
+    media_type,
+)
 from agent.ingest.http.counters import LocalCounters
 from agent.ingest.http.deadlines import BodyDeadlines
 from agent.ingest.http.delivery import CompletionBridge, DeliveryWatcher, Locate, store_locate
@@ -226,6 +232,9 @@ class Publisher:
         except MediaTypeError as exc:
             raise HttpError(415, "unsupported_media_type", str(exc),
                             reason="unsupported_media_type") from None
+        except SchemaUnusable as exc:
+            raise HttpError(500, "topic_misconfigured",
+                            f"topic {topic!r} cannot take messages: {exc}") from None
         n = len(values)
         ksize = len(pkey) if pkey else 0
         max_bytes = settings.max_message_bytes
