@@ -75,3 +75,17 @@ def test_pipelined_requests_are_all_answered(serve: Callable[..., Served]) -> No
         answer = _read_until_closed(sock)
     assert answer.count(b"HTTP/1.1 202 ") == 3
     assert [m.record.value for m in served.messages("t")] == [b"a", b"b", b"c"]
+
+
+def test_a_pipelined_request_still_running_is_not_cut_off(serve: Callable[..., Served]) -> None:
+    """The second of two pipelined publishes waits for Kafka longer than the header deadline
+    (ack_timeout_ms, no forwarder here, so 202 after it): the deadline must not run while
+    that request is in progress, or its answer is lost although its message is stored."""
+    served = serve(http={"header_timeout_seconds": 0.3},
+                   topics={"default": {"ack_timeout_ms": 800}})
+    one = b"POST /topics/t HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n"
+    with _connect(served) as sock:
+        sock.sendall(one + b"a" + one + b"b")
+        answer = _read_until_closed(sock)
+    assert answer.count(b"HTTP/1.1 202 ") == 2
+    assert [m.record.value for m in served.messages("t")] == [b"a", b"b"]

@@ -69,7 +69,10 @@ class _Flusher:
     def _run(self) -> None:
         dirty, self._dirty = self._dirty, []
         for corked in dirty:
-            corked.flush()
+            try:
+                corked.flush()
+            except Exception:  # noqa: BLE001 - one broken connection must not hold the rest
+                log.debug("dropping the answer to a connection that failed", exc_info=True)
 
 
 class _CorkedTransport:
@@ -98,6 +101,8 @@ class _CorkedTransport:
         pending = self._pending
         if pending:
             self._pending = []
+            if self._transport.is_closing():
+                return  # the peer went away (reset) before its answer left: nobody to tell
             self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
 
     def close(self) -> None:
@@ -155,8 +160,11 @@ class _Protocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def on_response_complete(self) -> None:
+        # uvicorn starts the next pipelined request here, if one is waiting: its headers are
+        # in, and it runs now, so there are no headers to wait for until it has answered.
+        pipelined = bool(self.pipeline)
         super().on_response_complete()
-        if not self.pipeline and not self.transport.is_closing():
+        if not pipelined and not self.transport.is_closing():
             self._wait_for_headers()
 
     def connection_lost(self, exc: Exception | None) -> None:
