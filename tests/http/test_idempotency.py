@@ -140,3 +140,21 @@ def test_entries_expire_after_the_window_and_are_pruned(tmp_path: Path) -> None:
         assert keeper.prune() == 2
         assert store.state_items(idem.PREFIX) == []
         assert store.state_items(idem.INDEX) == []
+
+
+def test_expired_keys_are_pruned_while_requests_come(served: Served,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pruning of expired keys runs off the event loop, at most once per PRUNE_INTERVAL,
+    triggered by publishing traffic (a refactoring once left it with no caller at all)."""
+    idempotency = served.app.publisher.idempotency
+    pruned = threading.Event()
+    prune = idempotency.prune
+
+    def watched() -> int:
+        pruned.set()
+        return prune()
+
+    monkeypatch.setattr(idempotency, "prune", watched)
+    r = served.client.post("/topics/t", content=b"v", headers={"Idempotency-Key": "k-prune"})
+    assert r.status_code == 202
+    assert pruned.wait(10), "no pruning ran"

@@ -401,6 +401,10 @@ class Publisher:
             return
         if not queued:
             _resolve(futures, [_OVERLOADED] * len(futures))
+        if self.idempotency.enabled and self.idempotency.prune_due():
+            # Expired Idempotency-Keys leave the state database a minute's worth at a time,
+            # off the loop (they are disk writes); at most once per PRUNE_INTERVAL.
+            asyncio.get_running_loop().run_in_executor(None, self._prune)
 
     def _prune(self) -> None:
         try:
