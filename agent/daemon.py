@@ -143,9 +143,13 @@ class Agent:
         self.forwarder.start()
         cfg = self.config
         if cfg.socket.path is not None:
+            from agent.ingest.http.topics import TopicCatalog
             from agent.ingest.socket_server import SocketServer
 
-            self.stages.append(SocketServer(cfg, self.committer, self.registry))
+            # Topics defined over HTTP set their max_message_bytes for datagrams too.
+            catalog = TopicCatalog(cfg, self.store)
+            self.stages.append(SocketServer(cfg, self.committer, self.registry,
+                                            topic_settings=catalog.settings))
         if cfg.http.listen:
             self.stages.append(_http_stage(self.runtime))
         if cfg.spool.dirs:

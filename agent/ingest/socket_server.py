@@ -17,11 +17,12 @@ import socket
 import stat
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from agent.buffer.committer import Committer, Result, ShuttingDown
 from agent.buffer.store import BufferFull, EncodedGroup
-from agent.config import FerryConfig
+from agent.config import FerryConfig, TopicConfig
 from agent.ingest import datagram
 from agent.ingest.gil import lower_switch_interval
 from agent.metrics import REGISTRY, Registry
@@ -29,7 +30,13 @@ from agent.records import Source
 
 log = logging.getLogger(__name__)
 
-MAX_DATAGRAM = 65536 * 4  # larger than any datagram the kernel delivers on AF_UNIX by default
+# The receive buffer holds the largest datagram any configured topic may take (key + value
+# up to max_message_bytes, plus header and topic name), and at least this much. A sender may
+# raise its SO_SNDBUF well past the kernel's default datagram size (the client suggests it
+# for big messages), so a bigger datagram is not "impossible": recv reports its true length
+# (MSG_TRUNC) and it is refused as too_large, not misread as malformed.
+MIN_RECEIVE_BUFFER = 65536 * 4
+DATAGRAM_OVERHEAD = 65536  # header, sizes and the longest legal topic name, with room to spare
 # Datagrams drained before handing them to the writer. The writer merges what is waiting
 # into one commit anyway; smaller hand-overs let it start sooner and hold the GIL for less
 # at a time. bench_pipeline.py (2 vCPUs, 4096-datagram queue): 2000 gave commit p50 10-20 ms
@@ -43,13 +50,20 @@ GENERATIONS_MAX_AGE = 1.0
 
 class SocketServer:
     def __init__(
-        self, config: FerryConfig, committer: Committer, registry: Registry = REGISTRY
+        self, config: FerryConfig, committer: Committer, registry: Registry = REGISTRY,
+        *, topic_settings: Callable[[str], TopicConfig] | None = None,
     ) -> None:
         assert config.socket.path is not None
         self.path: Path = config.socket.path
         self.config = config
         self.committer = committer
         self.registry = registry
+        # Per-topic settings: the daemon passes the topic catalog's, so topics defined over
+        # HTTP count too; the limits read from it are looked up again every second.
+        self.topic_settings = topic_settings or config.topic
+        self.receive_buffer = max(
+            MIN_RECEIVE_BUFFER,
+            max(t.max_message_bytes for t in config.topics.values()) + DATAGRAM_OVERHEAD)
         self._sock: socket.socket | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="socket-input", daemon=True)
@@ -100,7 +114,7 @@ class SocketServer:
     def _max_bytes(self, topic: str) -> int:
         limit = self._limits.get(topic)
         if limit is None:
-            limit = self._limits[topic] = self.config.topic(topic).max_message_bytes
+            limit = self._limits[topic] = self.topic_settings(topic).max_message_bytes
         return limit
 
     def _generations(self, current: dict[str, int]) -> dict[str, int]:
@@ -115,8 +129,11 @@ class SocketServer:
     def _run(self) -> None:
         sock = self._sock
         assert sock is not None
-        buf = bytearray(MAX_DATAGRAM)
+        size = self.receive_buffer
+        buf = bytearray(size)
         view = memoryview(buf)
+        trunc = socket.MSG_TRUNC
+        drain = socket.MSG_TRUNC | socket.MSG_DONTWAIT
         parse = datagram.parse_encoded
         limit = self._max_bytes
         reg = self.registry
@@ -124,7 +141,7 @@ class SocketServer:
         generations_at = -GENERATIONS_MAX_AGE
         while not self._stop.is_set():
             try:
-                n = sock.recv_into(buf)
+                n = sock.recv_into(buf, 0, trunc)  # the datagram's true length
             except OSError as exc:
                 if self._stop.is_set():
                     return
@@ -135,6 +152,7 @@ class SocketServer:
             if time.monotonic() - generations_at > GENERATIONS_MAX_AGE:
                 generations = self._generations(generations)
                 generations_at = time.monotonic()
+                self._limits.clear()  # topics redefined over HTTP meanwhile
             # Values by topic, each topic's in arrival order (the order the buffer keeps).
             by_topic: dict[str, list[bytes]] = {}
             rejects: dict[str, int] = {}
@@ -142,6 +160,11 @@ class SocketServer:
             while True:
                 received += 1
                 try:
+                    if n > size:
+                        raise datagram.Reject(
+                            datagram.TOO_LARGE, f"a datagram of {n} bytes; this agent receives at "
+                            f"most {size} (the largest max_message_bytes configured, plus "
+                            "the header)")
                     topic, value = parse(view[:n], limit, generations)
                 except datagram.Reject as rej:
                     rejects[rej.reason] = rejects.get(rej.reason, 0) + 1
@@ -156,9 +179,11 @@ class SocketServer:
                 if received >= BATCH:
                     break
                 try:
-                    n = sock.recv_into(buf, 0, socket.MSG_DONTWAIT)
+                    n = sock.recv_into(buf, 0, drain)
                 except (BlockingIOError, InterruptedError):
                     break
+                if not n and self._stop.is_set():
+                    break  # stop()'s wake-up, not a sender's datagram
             reg.inc("messages_received", received, source=Source.SOCKET)
             for reason, count in rejects.items():
                 reg.inc("messages_rejected", count, source=Source.SOCKET, reason=reason)

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from agent.buffer.committer import Committer
 from agent.buffer.store import BufferUnavailable, Store, StoredMessage
-from agent.config import BufferConfig, FerryConfig, SocketConfig
+from agent.config import BufferConfig, FerryConfig, SocketConfig, TopicConfig
 from agent.ingest.datagram import encode_any_partition, encode_partition_key
 from agent.ingest.gil import SWITCH_INTERVAL, lower_switch_interval
+from agent.ingest.http.topics import TopicCatalog
 from agent.ingest.socket_server import SocketServer
 from agent.metrics import Registry
 from agent.records import Record
@@ -24,14 +25,22 @@ MB = 1024 * 1024
 
 
 class Running:
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, *, default_max_bytes: int | None = None,
+                 catalog: bool = False) -> None:
         # A short directory: AF_UNIX paths are limited to ~108 bytes.
+        topics = {} if default_max_bytes is None else {
+            "default": TopicConfig(max_message_bytes=default_max_bytes)}
         self.config = FerryConfig(buffer=BufferConfig(path=tmp_path / "buffer"),
-                                  socket=SocketConfig(path=tmp_path / "s.sock"))
+                                  socket=SocketConfig(path=tmp_path / "s.sock"),
+                                  **({"topics": topics} if topics else {}))
         self.store = Store(tmp_path / "buffer", 64 * MB, initial_map_bytes=MB)
         self.registry = Registry()
         self.committer = Committer(self.store, registry=self.registry)
-        self.server = SocketServer(self.config, self.committer, self.registry)
+        # As the daemon wires it when catalog is set: topics defined over HTTP count too.
+        self.catalog = TopicCatalog(self.config, self.store) if catalog else None
+        self.server = SocketServer(
+            self.config, self.committer, self.registry,
+            topic_settings=self.catalog.settings if self.catalog is not None else None)
         self.sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 
     def send(self, datagram: bytes) -> None:
@@ -42,6 +51,30 @@ class Running:
 
     def stored(self, topic: str) -> list[StoredMessage]:
         return [m for m in self.store.read(topic, None, 10_000) if isinstance(m, StoredMessage)]
+
+
+@pytest.fixture
+def start_running(tmp_path: Path) -> Iterator[Callable[..., Running]]:
+    started: list[Running] = []
+
+    def start(**kwargs: object) -> Running:
+        r = Running(tmp_path, **kwargs)  # type: ignore[arg-type]
+        r.committer.start()
+        r.server.start()
+        started.append(r)
+        return r
+
+    original = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)
+    try:
+        yield start
+    finally:
+        for r in started:
+            r.server.stop()
+            r.committer.close()
+            r.store.close()
+            r.sender.close()
+        sys.setswitchinterval(original)
 
 
 @pytest.fixture
@@ -137,3 +170,56 @@ def test_lower_switch_interval_never_raises_it(
         assert sys.getswitchinterval() == pytest.approx(after)
     finally:
         sys.setswitchinterval(original)
+
+
+# -- sizes -----------------------------------------------------------------------------------
+def _big_sender(r: Running) -> None:
+    # What FerryClient(send_buffer_bytes=...) does for big messages: the kernel then takes
+    # datagrams of up to twice this, beyond its default datagram size.
+    r.sender.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 212_992)
+
+
+def test_a_datagram_bigger_than_the_kernel_default_is_received_whole(
+    start_running: Callable[..., Running],
+) -> None:
+    r = start_running()
+    _big_sender(r)
+    value = b"x" * 300_000  # under the default max_message_bytes (1,000,000)
+    r.send(encode_any_partition("big", value, b"k", 7))
+    wait_until(lambda: r.counter("messages_accepted") == 1, timeout=30, message="accepted")
+    assert [m.record for m in r.stored("big")] == [Record("big", value, b"k", None, 7)]
+    assert r.counter("messages_rejected") == 0
+
+
+def test_a_datagram_over_the_receive_buffer_is_too_large_not_malformed(
+    start_running: Callable[..., Running],
+) -> None:
+    r = start_running(default_max_bytes=1000)  # so the receive buffer is its 256 KiB minimum
+    _big_sender(r)
+    r.send(encode_any_partition("t", b"x" * 300_000, None, 1))
+    r.send(encode_any_partition("t", b"small", None, 2))
+    wait_until(lambda: r.counter("messages_received") == 2, timeout=30, message="both counted")
+    wait_until(lambda: r.counter("messages_accepted") == 1, timeout=30, message="accepted")
+    assert r.counter("messages_rejected", reason="too_large") == 1
+    assert r.counter("messages_rejected", reason="malformed") == 0
+    [sample] = r.registry.view().samples[("rejected", "too_large")]
+    assert f"{len(encode_any_partition('t', b'x' * 300_000, None, 1))} bytes" in sample["detail"]
+    assert [m.record.value for m in r.stored("t")] == [b"small"]
+
+
+def test_topics_defined_over_http_set_the_limit_for_datagrams(
+    start_running: Callable[..., Running],
+) -> None:
+    r = start_running(catalog=True)
+    assert r.catalog is not None
+    r.catalog.create("small", TopicConfig(max_message_bytes=100))
+    r.catalog.create("roomy", TopicConfig(max_message_bytes=2_000_000))
+    _big_sender(r)
+    r.send(encode_any_partition("small", b"x" * 500, None, 1))
+    r.send(encode_any_partition("small", b"x" * 50, None, 2))
+    r.send(encode_any_partition("roomy", b"y" * 300_000, None, 3))  # over [topics.default]'s?
+    wait_until(lambda: r.counter("messages_received") == 3, timeout=30, message="all counted")
+    wait_until(lambda: r.counter("messages_accepted") == 2, timeout=30, message="accepted")
+    assert r.counter("messages_rejected", reason="too_large") == 1
+    assert [len(m.record.value) for m in r.stored("small")] == [50]
+    assert [len(m.record.value) for m in r.stored("roomy")] == [300_000]
