@@ -331,6 +331,9 @@ class Committer:
                 else:
                     reason = result.reason
                 reg.inc("messages_rejected", len(sub.records), source=sub.source, reason=reason)
+                # The status page shows recent examples of every reject reason.
+                reg.sample("rejected", reason, {"source": sub.source, "detail": str(result),
+                                                "messages": len(sub.records)})
         for (source, topic), n in accepted.items():
             reg.inc("messages_accepted", n, source=source, topic=topic)
 

@@ -189,6 +189,10 @@ def test_encoded_groups_commit_with_record_groups_and_are_counted_per_topic(
     assert view.total("messages_accepted", source="socket", topic="a") == 2
     assert view.total("messages_accepted", source="spool", topic="a") == 1
     assert view.total("messages_rejected", source="socket", reason="buffer_full") == 3
+    # ... with an example for the status page, as every reject reason has.
+    [example] = view.samples[("rejected", "buffer_full")]
+    assert example["source"] == "socket" and example["messages"] == 3
+    assert "buffer full" in example["detail"]
 
 
 def test_commit_waits_for_durability_and_returns_the_ids(
