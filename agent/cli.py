@@ -131,8 +131,10 @@ def _send(args: argparse.Namespace) -> int:
             if args.config is not None:
                 raise
             path = Path("/run/ferry/ferry.sock")
-    value = sys.stdin.buffer.read() if args.stdin else args.value.encode()
-    key = args.key.encode() if args.key is not None else None
+    # os.fsencode: arguments are bytes to the kernel; bytes that are not UTF-8 reach Python
+    # as surrogate escapes and go out as they came in (as to_bruce sends them).
+    value = sys.stdin.buffer.read() if args.stdin else os.fsencode(args.value)
+    key = os.fsencode(args.key) if args.key is not None else None
     try:
         with FerryClient(path) as client:
             for _ in range(args.count):

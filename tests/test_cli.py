@@ -134,3 +134,24 @@ def test_buffer_topics_shows_the_age_of_the_oldest_message(tmp_path: Path) -> No
     assert (topic, messages) == ("orders", "1")
     # Accepted a moment ago: an age in whole seconds, not a timestamp or "-".
     assert oldest.endswith("s") and 0 <= int(oldest[:-1]) < 60
+
+
+def test_send_passes_argument_bytes_that_are_not_utf8_as_they_are(tmp_path: Path) -> None:
+    """As to_bruce does: a shell argument is bytes, and a value (or key) that is not UTF-8
+    goes out byte for byte instead of failing to encode."""
+    import os
+    import socket
+
+    from agent.ingest.datagram import parse
+
+    path = tmp_path / "s.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as receiver:
+        receiver.bind(str(path))
+        receiver.settimeout(30)
+        done = subprocess.run(
+            [sys.executable, "-m", "agent.cli", "send", "--socket-path", str(path),
+             "--topic", "t", "--value", b"caf\xe9 \xff", "--key", b"\xfek"],
+            cwd=REPO_ROOT, capture_output=True, timeout=60, env=dict(os.environ))
+        assert done.returncode == 0, done.stderr
+        record = parse(receiver.recv(65536), 1_000_000)
+    assert (record.value, record.key) == (b"caf\xe9 \xff", b"\xfek")
