@@ -149,7 +149,9 @@ def encode_spool_block(
     pos = 0
     index = 0
     runs: list[tuple[str, list[bytes], int]] = []
-    raw_topic = b""
+    # None, not b"": the first record's topic must always be looked up (and an empty one
+    # refused), or its value would go to a list that is in no run and vanish.
+    raw_topic: bytes | None = None
     values: list[bytes] = []
     append = values.append
     generation = 0

@@ -34,7 +34,7 @@ from watchdog.observers import Observer
 from agent.buffer import codec
 from agent.buffer.codec import encode_spool_block
 from agent.buffer.committer import ShuttingDown
-from agent.buffer.store import BufferFull, BufferUnavailable
+from agent.buffer.store import BufferFull, BufferUnavailable, InvalidGroup
 from agent.records import Record, Source
 from agent.runtime import Runtime
 from spool.format import EXTENSION, SpoolFormatError, SpoolRecord
@@ -93,6 +93,7 @@ class SpoolIntake:
         self.dirs = [Path(d) for d in self.config.dirs]
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._reported: set[tuple[Path, str]] = set()  # files _failed() logged at ERROR
         self._observer: Any = None
         self._thread = threading.Thread(target=self._run, name="spool-intake", daemon=True)
         # Binary files' batches commit on this thread while the intake thread encodes the
@@ -150,14 +151,30 @@ class SpoolIntake:
         for n, (index, root, path) in enumerate(pending):
             if self._stop.is_set():
                 break
-            if self._ingest(index, root, path):
-                finished += 1
+            try:
+                if self._ingest(index, root, path):
+                    finished += 1
+            except ShuttingDown:
+                raise
+            except Exception:  # noqa: BLE001 - one file's trouble must not starve the others
+                self._failed(path, "error", "could not be handled; it stays and is tried "
+                             "again", exc_info=True)
             self.registry.set("spool_files_pending", float(len(pending) - n - 1))
         return finished
 
+    def _failed(self, path: Path, reason: str, detail: str, exc_info: bool = False) -> None:
+        """Count a file Ferry cannot finish with; log it at ERROR once per file and reason
+        (it stays where it is and is tried again every scan)."""
+        self.registry.inc("spool_files_failed", reason=reason)
+        first = (path, reason) not in self._reported
+        self._reported.add((path, reason))
+        log.log(logging.ERROR if first else logging.DEBUG, "spool file %s: %s", path, detail,
+                exc_info=exc_info and first)
+
     # -- one file --------------------------------------------------------------------------
     def _key(self, prefix: bytes, index: int, root: Path, path: Path) -> bytes:
-        return prefix + f"{index}:{path.relative_to(root).as_posix()}".encode()
+        # fsencode: a file name need not be UTF-8; its bytes come back as they were.
+        return prefix + os.fsencode(f"{index}:{path.relative_to(root).as_posix()}")
 
     def _ingest(self, index: int, root: Path, path: Path) -> bool:
         try:
@@ -174,15 +191,14 @@ class SpoolIntake:
         start = 0
         if progress is not None and progress.get("identity") == _ident_doc(ident):
             if progress.get("done"):
-                self._finish(root, path, key)  # a crash came between "done" and the delete
-                return True
+                # A crash came between "done" and the delete, or the delete was refused.
+                return self._finish(root, path, key)
             start = int(progress["next"])
         elif binary and self._seen_before(index, root, path, ident):
             log.info("spool file %s was ingested before (same name, size and count): "
                      "removing the duplicate", path)
             self.registry.inc("spool_files_duplicate")
-            self._finish(root, path, None)
-            return True
+            return self._finish(root, path, None)
         reader = open_spool_file(path)
         try:
             try:
@@ -220,11 +236,15 @@ class SpoolIntake:
             # rest is quarantined with the index it stopped at.
             self._quarantine(root, path, key, "corrupt", f"changed while being read: {exc}")
             return False
+        except _Unstorable as exc:
+            # The buffer refuses a record of it for good (e.g. a header name it cannot
+            # encode): waiting cannot help, and the files behind it must not wait for ever.
+            self._quarantine(root, path, key, "invalid", str(exc))
+            return False
         finally:
             reader.close()
-        self._finish(root, path, key)
         self.registry.inc("spool_files_ingested")
-        return True
+        return self._finish(root, path, key)
 
     def _ingest_records(
         self, reader: SpoolReader, start: int, progress: _Progress, max_batch_bytes: int
@@ -232,6 +252,7 @@ class SpoolIntake:
         """A hand-made file, as agent Records through the committer; False if interrupted."""
         records = reader.iter_records(start, verify_first=False)
         in_flight: tuple[_Pending, list[Record], dict[bytes, bytes]] | None = None
+        read_to = start
         for batch, next_index in _batches(records, BATCH, max_batch_bytes):
             puts = progress.puts(next_index)
             # Submit this batch only once the previous one is known to be stored, so a
@@ -240,7 +261,15 @@ class SpoolIntake:
             if in_flight is not None and not self._settle(*in_flight):
                 return False
             in_flight = (self._submit(batch, puts), batch, puts)
-        return in_flight is None or self._settle(*in_flight)
+            read_to = next_index
+        if in_flight is not None and not self._settle(*in_flight):
+            return False
+        if read_to < progress.count:
+            # Fewer lines than verify() counted: the file was rewritten in place meanwhile
+            # (a writer that did not rename it into place). Deleting it now could take
+            # lines still being written with it.
+            raise SpoolFormatError(f"{progress.count} records counted, {read_to} read")
+        return True
 
     def _ingest_blocks(
         self, reader: BinarySpoolReader, start: int, progress: _Progress, max_batch_bytes: int
@@ -283,6 +312,10 @@ class SpoolIntake:
         started = time.perf_counter()
         try:
             self.store.append_encoded(runs, state_puts=puts)
+        except InvalidGroup as exc:
+            registry.inc("messages_rejected", sum(len(r[1]) for r in runs),
+                         source=Source.SPOOL, reason="invalid")
+            raise _Unstorable(str(exc)) from None
         except BufferFull as exc:
             registry.inc("messages_rejected", sum(len(r[1]) for r in runs),
                          source=Source.SPOOL, reason="buffer_full")
@@ -338,6 +371,8 @@ class SpoolIntake:
             result = self.committer.commit(batch, Source.SPOOL, state_puts=puts)
             if isinstance(result, list):
                 return True
+            if isinstance(result, InvalidGroup):
+                raise _Unstorable(str(result))  # counted (reason invalid) by the committer
             if isinstance(result, BufferFull | BufferUnavailable):
                 # Intake pauses; the file waits on disk, its progress intact.
                 self._stop.wait(0.5)
@@ -354,7 +389,9 @@ class SpoolIntake:
         except (SpoolFormatError, OSError):
             return False
 
-    def _finish(self, root: Path, path: Path, key: bytes | None) -> None:
+    def _finish(self, root: Path, path: Path, key: bytes | None) -> bool:
+        """Delete (or move to done/) an ingested file, then forget its progress; False when
+        the file cannot be removed (it stays, marked done, and is tried again next scan)."""
         try:
             if self.config.after_ingest == "move":
                 target = root / "done" / path.relative_to(root)
@@ -364,15 +401,29 @@ class SpoolIntake:
                 path.unlink()
         except FileNotFoundError:
             pass
+        except OSError as exc:
+            # Ingested (its progress says done, so it is not read again), but it stays: its
+            # directory is not writable for the agent (a topic directory made by a client
+            # with umask 022). Reported, and tried again every scan; the rest goes on.
+            self._failed(path, "unremovable", "ingested, but it cannot be "
+                         f"{'moved' if self.config.after_ingest == 'move' else 'deleted'}: "
+                         f"{exc.strerror or exc}; make its directory writable for the ferry "
+                         "group (docs/spool.md)")
+            return False
         if key is not None:
             self.store.update_state(deletes=[key])
+        return True
 
     def _quarantine(self, root: Path, path: Path, key: bytes, reason: str, detail: str) -> None:
-        target = root / "quarantine" / path.relative_to(root)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        target = _unused(root / "quarantine" / path.relative_to(root))
         try:
+            target.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(path), str(target))
         except FileNotFoundError:
+            return
+        except OSError as exc:
+            self._failed(path, "unremovable", f"to be quarantined ({reason}: {detail}), but "
+                         f"it cannot be moved: {exc.strerror or exc}")
             return
         target.with_name(target.name + ".reason").write_text(
             f"{reason}: {detail}\nquarantined at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n")
@@ -559,3 +610,19 @@ def _load(raw: bytes | None) -> dict[str, Any] | None:
     except ValueError:
         return None
     return doc if isinstance(doc, dict) else None
+
+
+class _Unstorable(Exception):
+    """The buffer refuses a batch of the file for good (InvalidGroup), not for lack of room."""
+
+
+def _unused(target: Path) -> Path:
+    """``target``, or ``target.1``, ``.2``, ...: never replace a file already quarantined
+    (it may be the only copy of records never ingested), nor its ``.reason``."""
+    candidate = target
+    for n in itertools.count(1):
+        if not candidate.exists() and not candidate.with_name(candidate.name + ".reason"
+                                                               ).exists():
+            return candidate
+        candidate = target.with_name(f"{target.name}.{n}")
+    raise AssertionError("unreachable")

@@ -359,6 +359,24 @@ def test_a_malformed_record_in_an_intact_block_is_quarantined_before_its_batch(
         assert intake.registry.view().total("messages_accepted", source="spool") == 0
 
 
+def test_a_first_record_with_an_empty_topic_is_quarantined_not_dropped(tmp_path: Path) -> None:
+    # The bulk encoder once took the first record's empty topic for "same topic as before"
+    # and lost the record; the file was then counted ingested and deleted.
+    body = RECORD_HEADER.pack(31, 0, 0, 0, 0, 0, 0, 3) + b"vvv" + encode_record(
+        SpoolRecord("t", b"fine"))
+    header = FILE_HEADER.pack(b"FERRYSPL", 1, 0)
+    block = BLOCK_HEADER.pack(len(body), 2, zlib.crc32(body))
+    trailer = struct.pack("<I8sQI", 0, b"FERRYEND", 2, zlib.crc32(header + block))
+    with intake_only(tmp_path) as intake:
+        path = intake.dirs[0] / "notopic.ferry"
+        path.write_bytes(header + block + body + trailer)
+        _age(path)
+        assert intake.scan_once() == 0
+        assert (intake.dirs[0] / "quarantine" / "notopic.ferry").exists()
+        assert intake.store.topic_stats() == []
+        assert intake.registry.view().total("messages_accepted", source="spool") == 0
+
+
 def test_stopping_mid_file_keeps_the_progress_and_a_new_intake_finishes_the_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -542,3 +560,104 @@ def test_a_large_binary_file_is_read_in_bounded_memory(tmp_path: Path) -> None:
         tracemalloc.stop()
     assert blocks > 20  # the writer's ~1 MB blocks
     assert peak < 10 * MB, f"peak {peak / MB:.1f} MiB while reading a 40 MB file"
+
+
+# -- files that once stopped the intake or lost records (found in review) ----------------------
+def _hand_made(intake: SpoolIntake, topic: str, name: str | bytes, text: str) -> Path:
+    folder = intake.dirs[0] / topic
+    folder.mkdir(exist_ok=True)
+    path = folder / (os.fsdecode(name) if isinstance(name, bytes) else name)
+    path.write_text(text)
+    _age(path)
+    return path
+
+
+def test_a_record_the_buffer_cannot_store_quarantines_its_file_and_the_rest_goes_on(
+    tmp_path: Path,
+) -> None:
+    # A header name with a lone surrogate passes the reader but cannot be encoded: once,
+    # the intake took the refusal for a full buffer and retried it for ever.
+    with intake_only(tmp_path) as intake:
+        bad = _hand_made(intake, "t", "a.jsonl", '{"value": "x", "headers": {"\\ud800": "v"}}\n')
+        good = _hand_made(intake, "t", "b.txt", "fine\n")
+        done: list[int] = []
+        scan = threading.Thread(target=lambda: done.append(intake.scan_once()), daemon=True)
+        scan.start()
+        scan.join(30)
+        assert done == [1], "the scan did not come back"
+        assert not bad.exists() and not good.exists()
+        assert (intake.dirs[0] / "quarantine" / "t" / "a.jsonl").exists()
+        assert [m.record.value for m in buffered(intake.store, "t")] == [b"fine"]
+        view = intake.registry.view()
+        assert view.total("spool_files_quarantined", reason="invalid") == 1
+
+
+def test_a_file_name_that_is_not_utf8_is_ingested_and_stops_nothing(tmp_path: Path) -> None:
+    with intake_only(tmp_path) as intake:
+        latin1 = _hand_made(intake, "t", b"caf\xe9.txt", "from latin-1\n")
+        later = place(intake, "later.ferry", [SpoolRecord("t", b"binary")], block_bytes=1000)
+        assert intake.scan_once() == 2
+        assert not latin1.exists() and not later.exists()
+        assert sorted(m.record.value for m in buffered(intake.store, "t")) == [
+            b"binary", b"from latin-1"]
+
+
+def test_a_file_the_agent_cannot_delete_is_reported_and_not_ingested_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with intake_only(tmp_path) as intake:
+        stuck = _hand_made(intake, "t", "x.txt", "once\n")
+        unlink = Path.unlink
+
+        def refuse(self: Path, missing_ok: bool = False) -> None:
+            if self == stuck:  # its directory is not writable for the agent
+                raise PermissionError(13, "Permission denied", str(self))
+            unlink(self, missing_ok)
+
+        monkeypatch.setattr(Path, "unlink", refuse)
+        assert intake.scan_once() == 0
+        later = place(intake, "later.ferry", [SpoolRecord("t", b"later")], block_bytes=1000)
+        intake.scan_once()  # the stuck file again (done: not re-read), then the new one
+        assert stuck.exists() and not later.exists()
+        assert sorted(m.record.value for m in buffered(intake.store, "t")) == [b"later", b"once"]
+        assert intake.registry.view().total("spool_files_failed", reason="unremovable") == 2
+        monkeypatch.setattr(Path, "unlink", unlink)  # someone fixes the permissions
+        assert intake.scan_once() == 1
+        assert not stuck.exists()
+        assert sorted(m.record.value for m in buffered(intake.store, "t")) == [b"later", b"once"]
+
+
+def test_a_second_bad_file_of_the_same_name_does_not_replace_the_first_in_quarantine(
+    tmp_path: Path,
+) -> None:
+    with intake_only(tmp_path) as intake:
+        quarantine = intake.dirs[0] / "quarantine" / "t"
+        for day in (1, 2):
+            _hand_made(intake, "t", "daily.jsonl", f'{{"value": "day {day}"}}\n{{not json\n')
+            intake.scan_once()
+        kept = sorted(p.name for p in quarantine.iterdir())
+        assert kept == ["daily.jsonl", "daily.jsonl.1", "daily.jsonl.1.reason",
+                        "daily.jsonl.reason"]
+        assert "day 1" in (quarantine / "daily.jsonl").read_text()
+        assert "day 2" in (quarantine / "daily.jsonl.1").read_text()
+
+
+def test_a_hand_made_file_rewritten_while_read_is_quarantined_not_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spool import reader as spool_reader
+
+    with intake_only(tmp_path) as intake:
+        path = _hand_made(intake, "t", "x.txt", "a\nb\nc\nd\ne\n")
+        verify = spool_reader._LinesReader.verify
+
+        def then_rewritten(self: Any, *, deep: bool = False) -> int:
+            count = verify(self, deep=deep)
+            path.write_text("a\n")  # a writer truncating and rewriting it in place
+            return count
+
+        monkeypatch.setattr(spool_reader._LinesReader, "verify", then_rewritten)
+        assert intake.scan_once() == 0
+        assert not path.exists()
+        reason = (intake.dirs[0] / "quarantine" / "t" / "x.txt.reason").read_text()
+        assert "changed while being read" in reason
