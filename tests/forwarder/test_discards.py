@@ -85,11 +85,19 @@ def test_full_disk_refuses_input_clearly_and_recovers_when_space_returns(
         assert config.socket.path is not None
         value = b"x" * 900
         with FerryClient(config.socket.path) as client:
+            def handled() -> bool:
+                v = agent.registry.view()
+                return v.total("messages_accepted") + v.total("messages_rejected") >= sent
+
             def refused() -> float:
                 nonlocal sent
                 for _ in range(200):
                     client.send(unique_topic, value)
                     sent += 1
+                # Each round is stored or refused before the next: nothing may still wait in
+                # the writer's queue when space returns, or it would fill the disk again
+                # (the forwarder's deletes, which need a few free pages, would then fail).
+                wait_until(handled, timeout=30, message="the round stored or refused")
                 return agent.registry.view().total("messages_rejected", reason="disk_full")
 
             wait_until(refused, timeout=60, interval=0.01, message="disk_full refusals")
