@@ -38,9 +38,11 @@ class Stage(Protocol):
 class ForwarderHandle:
     """The forwarder child process, seen from the ingest process."""
 
-    def __init__(self, config: FerryConfig, registry: Registry) -> None:
+    def __init__(self, config: FerryConfig, registry: Registry,
+                 store: Store | None = None) -> None:
         self.config = config
         self.registry = registry
+        self.store = store  # the ingest process's: its reader slots are checked after a crash
         self._ctx = multiprocessing.get_context("spawn")
         self._proc: BaseProcess | None = None
         self._conn: Connection | None = None
@@ -88,6 +90,12 @@ class ForwarderHandle:
             if self._stopping:
                 return
             log.error("forwarder process exited with %s; restarting it", proc.exitcode)
+            if self.store is not None:
+                # Killed inside a read transaction, it left a reader slot that would keep
+                # LMDB from reusing any page freed from now on.
+                freed = self.store.reader_check()
+                if freed:
+                    log.info("cleared %d reader slot(s) the forwarder left", freed)
             self.restarts += 1
             self.registry.inc("process_restarts", process="forwarder")
             time.sleep(min(0.2 * self.restarts, 5.0))  # back off a crash loop
@@ -131,7 +139,7 @@ class Agent:
                                    linger_ms=config.buffer.commit_interval_ms,
                                    nice=config.buffer.writer_nice)
         self.runtime = Runtime(config, self.store, self.committer, registry)
-        self.forwarder = ForwarderHandle(config, registry)
+        self.forwarder = ForwarderHandle(config, registry, self.store)
         self.stages: list[Stage] = []
         self._stopped = threading.Event()
         self._monitor = threading.Thread(target=self._monitor_loop, name="monitor", daemon=True)

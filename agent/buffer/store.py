@@ -19,6 +19,7 @@ Design notes are in docs/buffer.md.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import struct
 import threading
@@ -35,6 +36,8 @@ import lmdb
 
 from agent.buffer import codec, keys
 from agent.records import Record
+
+log = logging.getLogger(__name__)
 
 _COUNT = struct.Struct(">qq")  # messages, bytes
 _SEQ = struct.Struct(">I")  # the sequence half of a message id (keys.ID)
@@ -221,6 +224,10 @@ class Store:
         )
         # A map another process grew is larger than ours: adopt it.
         self._env.set_mapsize(0)
+        # Reader slots of processes that died inside a read transaction (a forwarder killed
+        # with SIGKILL) pin old pages: nothing freed since could be reused, and the map would
+        # fill. LMDB clears them only when asked.
+        self.reader_check()
         self._messages = self._env.open_db(b"messages", create=not readonly)
         self._meta = self._env.open_db(b"meta", create=not readonly)
         self._state = self._env.open_db(b"state", create=not readonly)
@@ -301,6 +308,8 @@ class Store:
             except lmdb.MapFullError:
                 current = self._env.info()["map_size"]
                 if current >= self.map_cap:
+                    if self.reader_check():
+                        continue  # a dead process's reader held the free pages: try again
                     raise BufferFull("the buffer's LMDB map is at its maximum size") from None
                 new = min(self.map_cap, current * 2)
                 self._exclusive(lambda size=new: self._env.set_mapsize(size))
@@ -781,6 +790,18 @@ class Store:
 
     def sync(self) -> None:
         self._env.sync(True)
+
+    def reader_check(self) -> int:
+        """Free the reader slots of processes that died in a read transaction; how many.
+
+        Their snapshots keep every page freed since from being reused. Called when the
+        environment opens, when the map is full, and by the daemon after the forwarder
+        process died."""
+        try:
+            return int(self._env.reader_check())
+        except lmdb.Error as exc:
+            log.warning("could not check the buffer's reader slots: %s", exc)
+            return 0
 
 
 def _run_keys(prefix: bytes, ts: int, seq: int, n: int) -> tuple[list[bytes], int, int]:
