@@ -207,6 +207,9 @@ class Agent:
             (("topic", s.topic),): max(0.0, (now_ms - s.oldest_ms) / 1000)
             for s in stats if s.oldest_ms is not None})
         reg.set("buffer_used_bytes", float(self.store.used_bytes()))
+        # Re-checked here too, not only when /status/ready asks: with no input and only
+        # /metrics scraped, the gauge would otherwise stay 1 after the buffer drained.
+        reg.set("buffer_full", 1.0 if self.committer.full else 0.0)
 
 
 def _http_stage(runtime: Runtime) -> Stage:

@@ -36,6 +36,9 @@ Callback = Callable[[Result], None]
 # One all-or-nothing group for ``submit_groups()``: its records, and optionally state to store
 # with them, derived from the ids they get (e.g. an idempotency key and its answer).
 Group = tuple[Sequence[Record], Callable[[list[bytes]], Mapping[bytes, bytes]] | None]
+# After this long, a refusal no longer counts as "full" for readiness unless a commit says so
+# again (a refusal by the filesystem rather than by the buffer's size need not shrink it).
+FULL_RECHECK_SECONDS = 5.0
 
 
 class ShuttingDown(Exception):
@@ -108,6 +111,7 @@ class Committer:
         self._closed = False
         self._full = False
         self._used_at_refusal = 0
+        self._refused_at = 0.0
         self._thread = threading.Thread(target=self._run, name=f"committer-{name}", daemon=True)
 
     def start(self) -> None:
@@ -118,8 +122,13 @@ class Committer:
         """True after a refusal for lack of space, until there is room again.
 
         Room comes back as the forwarder deletes; re-checking here (not only at the next
-        commit) lets /status/ready recover by itself, so load balancers send traffic again."""
-        if self._full and self.store.used_bytes() < self._used_at_refusal * 0.9:
+        commit) lets /status/ready recover by itself, so load balancers send traffic again.
+        A refusal that did not come from the buffer's own size (the filesystem full, a disk
+        error: room may come back without the buffer shrinking) is given up on after
+        ``FULL_RECHECK_SECONDS``: the next commit tells whether it is still true."""
+        if self._full and (
+                self.store.used_bytes() < self._used_at_refusal * 0.9
+                or time.monotonic() - self._refused_at >= FULL_RECHECK_SECONDS):
             self._full = False
             self.registry.set("buffer_full", 0.0)
         return self._full
@@ -281,24 +290,31 @@ class Committer:
                   if s.state_puts or s.state_deletes or s.derive else None for s in taken]
         started = time.perf_counter()
         results: list[Result]
+        full = False
         try:
             appended = self.store.append([s.records for s in taken], states=states)
             results = list(appended)
-            self._full = any(isinstance(r, BufferFull) and not isinstance(r, InvalidGroup)
-                             for r in results)
-            if self._full:
-                self._used_at_refusal = self.store.used_bytes()
+            full = any(isinstance(r, BufferFull) and not isinstance(r, InvalidGroup)
+                       for r in results)
         except (BufferFull, BufferUnavailable) as exc:
             # The transaction was aborted: nothing of it is on disk.
             results = [exc] * len(taken)
-            self._full = True
-            self._used_at_refusal = self.store.used_bytes()
+            full = True
             log.warning("buffer refused %d messages: %s",
                         sum(len(s.records) for s in taken), exc)
         except Exception as exc:  # noqa: BLE001 - never let the writer thread die silently
             log.exception("buffer commit failed")
             results = [BufferUnavailable("disk_error", f"commit failed: {exc}")] * len(taken)
         elapsed = time.perf_counter() - started
+        # Outside the try: the groups' fate is settled; a failure to measure the buffer now
+        # must not be reported as a failed commit of groups that are stored.
+        self._full = full
+        if full:
+            self._refused_at = time.monotonic()
+            try:
+                self._used_at_refusal = self.store.used_bytes()
+            except Exception:  # noqa: BLE001 - readiness falls back to the time re-check
+                self._used_at_refusal = 0
         self._account(taken, results, elapsed)
         for sub, result in zip(taken, results, strict=True):
             if sub.callback is not None:

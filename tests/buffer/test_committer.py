@@ -9,12 +9,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agent.buffer import codec
+from agent.buffer import committer as committer_module
 from agent.buffer.committer import Callback, Committer, Result, ShuttingDown
 from agent.buffer.store import BufferFull, BufferUnavailable, EncodedGroup, Store, StoredMessage
 from agent.metrics import Registry
@@ -474,3 +476,31 @@ def test_a_refused_nice_value_is_logged_and_the_writer_commits_as_usual(
             if isinstance(m, StoredMessage)] == [b"x"]
     refused = [r.getMessage() for r in caplog.records if "nice value" in r.getMessage()]
     assert len(refused) == 1 and "-5" in refused[0] and "LimitNICE" in refused[0], refused
+
+
+def test_full_clears_by_itself_after_a_refusal_the_buffer_size_cannot_undo(
+    committer: Committer, store: Store, registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The filesystem filled up (another program): the buffer is empty, so "room again" can
+    # never mean "smaller than at the refusal". Readiness must not stay 503 for ever.
+    real_append = store.append
+    calls = 0
+
+    def disk_full_once(*args: object, **kwargs: object) -> object:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise BufferUnavailable("disk_full", "no space left on the buffer's filesystem")
+        return real_append(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "append", disk_full_once)
+    committer.start()
+    refused = committer.commit([Record("t", b"1")], "http", timeout=WAIT)
+    assert isinstance(refused, BufferUnavailable)
+    assert committer.full and registry.view().total("buffer_full") == 1
+    later = time.monotonic() + committer_module.FULL_RECHECK_SECONDS + 1
+    with monkeypatch.context() as m:
+        m.setattr(committer_module.time, "monotonic", lambda: later)
+        assert not committer.full
+    assert registry.view().total("buffer_full") == 0
+    assert isinstance(committer.commit([Record("t", b"2")], "http", timeout=WAIT), list)
