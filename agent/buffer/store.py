@@ -228,6 +228,10 @@ class Store:
         # with SIGKILL) pin old pages: nothing freed since could be reused, and the map would
         # fill. LMDB clears them only when asked.
         self.reader_check()
+        # LMDB keeps a node (key + value + 8 bytes) of up to about half a page in the leaf;
+        # a bigger value gets whole overflow pages of its own (mdb.c: me_nodemax, OVPAGES).
+        self._psize = int(self._env.stat()["psize"])
+        self._nodemax = ((self._psize - 16) // 2 & -2) - 2
         self._messages = self._env.open_db(b"messages", create=not readonly)
         self._meta = self._env.open_db(b"meta", create=not readonly)
         self._state = self._env.open_db(b"state", create=not readonly)
@@ -382,7 +386,8 @@ class Store:
                         prefix = t[0]
                         run_keys, ts, seq = _run_keys(prefix, ts, seq, n)
                         size = sum(map(len, values)) + n * (len(prefix) + keys.ID_LEN)
-                        need += size + n * RECORD_OVERHEAD
+                        need += size + n * RECORD_OVERHEAD + self._overflow(
+                            values, len(prefix) + keys.ID_LEN)
                         plen = len(prefix)
                         ids += [k[plen:] for k in run_keys]
                         encoded += zip(run_keys, values, strict=True)
@@ -415,6 +420,8 @@ class Store:
                         encoded.append((k, value))
                         ids.append(mid)
                         need += len(k) + len(value) + RECORD_OVERHEAD
+                        if len(k) + len(value) + 8 > self._nodemax:
+                            need += self._overflow((value,), len(k))
                 except (struct.error, UnicodeEncodeError, OverflowError) as exc:
                     results.append(InvalidGroup(f"a record cannot be stored: {exc}"))
                     continue
@@ -501,7 +508,8 @@ class Store:
                 prefix = keys.topic_prefix(topic)
                 topic_keys, ts, seq = _run_keys(prefix, ts, seq, n)
                 size = sum(map(len, values)) + n * (len(prefix) + keys.ID_LEN)
-                need += size + n * RECORD_OVERHEAD
+                need += size + n * RECORD_OVERHEAD + self._overflow(
+                    values, len(prefix) + keys.ID_LEN)
                 counts[topic] = [n, size]
                 items.append((topic_keys, values))
             if need > room:
@@ -520,6 +528,17 @@ class Store:
 
         result: int = self._write(body)
         return result
+
+    def _overflow(self, values: Sequence[bytes], key_len: int) -> int:
+        """Bytes beyond their length that ``values`` take when LMDB stores them on overflow
+        pages (whole pages each): a 2,100-byte value takes 4,096 bytes. Counted into the room
+        a group needs, or one commit of big values could overshoot max_bytes nearly 2x."""
+        limit = self._nodemax - 8 - key_len
+        if not values or max(map(len, values)) <= limit:
+            return 0  # the common case, at C speed
+        psize = self._psize
+        return sum(((15 + len(v)) // psize + 1) * psize - len(v)
+                   for v in values if len(v) > limit)
 
     def _adjust_counts(
         self, txn: lmdb.Transaction, counts: Mapping[str, list[int]], sign: int
