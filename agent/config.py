@@ -206,9 +206,11 @@ class ConfigError(Exception):
     """The configuration cannot be used; the message names the field and the reason."""
 
 
-def load_config(path: Path | None = None, **overrides: Any) -> FerryConfig:
-    """Read ``path`` (or /etc/ferry/ferry.toml when present), then FERRY_* variables."""
-    if path is None and DEFAULT_CONFIG_PATH.exists():
+def load_config(path: Path | None = None, *, system_default: bool = True,
+                **overrides: Any) -> FerryConfig:
+    """Read ``path`` (or /etc/ferry/ferry.toml when present and ``system_default``), then
+    FERRY_* variables; ``overrides`` win over both."""
+    if path is None and system_default and DEFAULT_CONFIG_PATH.exists():
         path = DEFAULT_CONFIG_PATH
     if path is not None and not path.is_file():
         raise ConfigError(f"config file {path} does not exist")

@@ -42,6 +42,14 @@ class TryOut:
         self.config: FerryConfig
 
     def __enter__(self) -> TryOut:
+        try:
+            return self._start()
+        except BaseException:
+            # __exit__ does not run when __enter__ fails: the broker must not outlive us.
+            self.__exit__(None, None, None)
+            raise
+
+    def _start(self) -> TryOut:
         self.root.mkdir(parents=True, exist_ok=True)
         url = f"tcp://127.0.0.1:{self.port}"
         log = (self.root / "tansu.log").open("ab")
@@ -59,7 +67,9 @@ class TryOut:
                     raise RuntimeError(f"the tansu broker did not start; see "
                                        f"{self.root / 'tansu.log'}") from None
                 time.sleep(0.05)  # waiting for the broker's port: nothing to block on
-        self.config = load_config(self.config_path, **self._overrides())
+        # Only a config named with --config: the host's /etc/ferry/ferry.toml is production's
+        # (its remote cluster must not receive demo traffic).
+        self.config = load_config(self.config_path, system_default=False, **self._overrides())
         return self
 
     def _overrides(self) -> dict[str, object]:
@@ -69,7 +79,8 @@ class TryOut:
             "socket": {"path": r / "ferry.sock", "mode": "0660"},
             "http": {"listen": "127.0.0.1:9090"},
             "spool": {"dirs": [r / "spool"]},
-            "kafka": {"local": {"bootstrap_servers": f"127.0.0.1:{self.port}"}},
+            "kafka": {"local": {"bootstrap_servers": f"127.0.0.1:{self.port}"},
+                      "remote": None},
         }
 
     def print_welcome(self) -> None:

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from agent import __version__
 from agent.buffer.store import Store
 from agent.records import Record
@@ -155,3 +157,50 @@ def test_send_passes_argument_bytes_that_are_not_utf8_as_they_are(tmp_path: Path
         assert done.returncode == 0, done.stderr
         record = parse(receiver.recv(65536), 1_000_000)
     assert (record.value, record.key) == (b"caf\xe9 \xff", b"\xfek")
+
+
+@pytest.fixture
+def stand_in_broker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A "tansu" that only listens on its port: all TryOut waits for before it reads the
+    config."""
+    from agent import tryout
+
+    fake = tmp_path / "tansu"
+    fake.write_text(
+        f"#!{sys.executable}\n"
+        "import socket, sys, time\n"
+        "url = sys.argv[sys.argv.index('--listener-url') + 1]\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', int(url.rsplit(':', 1)[1]))); s.listen()\n"
+        "time.sleep(600)\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(tryout, "tansu_binary", lambda: fake)
+
+
+@pytest.mark.usefixtures("stand_in_broker")
+def test_try_out_stops_its_broker_when_the_config_is_invalid(tmp_path: Path) -> None:
+    """The broker starts before the config is read; a bad config must not leave it running."""
+    from agent import tryout
+    from agent.config import ConfigError
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('log_level = "loud"\n')
+    trial = tryout.TryOut(tmp_path / "state", bad)
+    with pytest.raises(ConfigError, match="log_level"):
+        trial.__enter__()
+    assert trial.proc is not None and trial.proc.poll() is not None, "the broker still runs"
+
+
+@pytest.mark.usefixtures("stand_in_broker")
+def test_try_out_ignores_the_hosts_production_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent import config as config_module
+    from agent import tryout
+
+    production = tmp_path / "ferry.toml"
+    production.write_text('[kafka.remote]\nbootstrap_servers = "prod-remote:9092"\n')
+    monkeypatch.setattr(config_module, "DEFAULT_CONFIG_PATH", production)
+    assert config_module.load_config().kafka.remote is not None  # what `ferry run` reads
+    with tryout.TryOut(tmp_path / "state") as trial:
+        assert trial.config.kafka.remote is None  # demo traffic stays on the laptop
+        assert trial.config.kafka.local.bootstrap_servers == f"127.0.0.1:{trial.port}"
