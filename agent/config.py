@@ -137,9 +137,11 @@ class TopicConfig(_Section):
 
 class ForwarderConfig(_Section):
     compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "lz4"
-    linger_ms: float = Field(default=5.0, ge=0)
-    retry_backoff_ms: int = Field(default=100, ge=1)
-    retry_backoff_max_ms: int = Field(default=5000, ge=1)
+    # Bounds are librdkafka's for the properties these become (linger.ms, retry.backoff.ms,
+    # retry.backoff.max.ms): out of range, every producer the forwarder made would fail.
+    linger_ms: float = Field(default=5.0, ge=0, le=900_000, allow_inf_nan=False)
+    retry_backoff_ms: int = Field(default=100, ge=1, le=300_000)
+    retry_backoff_max_ms: int = Field(default=5000, ge=1, le=300_000)
     max_in_flight_messages: int = Field(default=200_000, ge=1)
     # A message Kafka has not acknowledged in this time is reported failed and sent again.
     # Until then librdkafka keeps it queued in order: per-key order within a cluster holds

@@ -343,3 +343,15 @@ def test_a_missing_file_is_a_config_error(tmp_path: Path) -> None:
 def test_a_directory_is_not_a_config_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         load_config(tmp_path)
+
+
+@pytest.mark.parametrize(("setting", "value"), [
+    ("linger_ms", "1e7"), ("linger_ms", "inf"), ("linger_ms", "nan"),
+    ("retry_backoff_ms", "300001"), ("retry_backoff_max_ms", "300001"),
+])
+def test_forwarder_settings_librdkafka_would_refuse_stop_start_up(
+    tmp_path: Path, setting: str, value: str
+) -> None:
+    # Accepted, they made every producer fail in the forwarder process, a crash loop.
+    message = config_error(tmp_path, f"[forwarder]\n{setting} = {value}\n")
+    assert f"forwarder.{setting}" in message
