@@ -162,6 +162,9 @@ class Registry:
         # carried over from earlier incarnations of a restarted child.
         self._children: dict[str, dict[str, Any]] = {}
         self._bases: dict[str, dict[str, dict[LabelKey, float]]] = {}
+        # What earlier incarnations of a child recorded in histograms and samples.
+        self._hist_bases: dict[str, dict[str, dict[LabelKey, Histogram]]] = {}
+        self._sample_bases: dict[str, dict[tuple[str, str], list[dict[str, Any]]]] = {}
         self.started = time.time()
         # Tells a restarted child's snapshots from its predecessor's.
         self.incarnation = uuid.uuid4().hex
@@ -244,6 +247,25 @@ class Registry:
                 if restarted or new_vals.get(name, {}).get(key, 0) < v:
                     base = self._bases.setdefault(child, {}).setdefault(name, {})
                     base[key] = base.get(key, 0) + v
+        if not restarted:
+            return
+        # Histograms are counters too (their _count, _sum and buckets must never go down),
+        # and the recent samples are what the status page explains the counts with.
+        hist_base = self._hist_bases.setdefault(child, {})
+        for name, series in old["hists"].items():
+            target = hist_base.setdefault(name, {})
+            for k, hj in series:
+                key = _tuplify(k)
+                h = Histogram.from_json(hj)
+                if key in target:
+                    target[key].add(h)
+                else:
+                    target[key] = h
+        sample_base = self._sample_bases.setdefault(child, {})
+        for kind, reason, items in old["samples"]:
+            kept = sample_base.setdefault((kind, reason), [])
+            kept.extend(items)
+            del kept[:-SAMPLE_KEEP]
 
     # -- reading ---------------------------------------------------------------------------
     def view(self) -> View:
@@ -273,16 +295,23 @@ class Registry:
                     target = values.setdefault(name, {})
                     for key, v in bases.items():
                         target[key] = target.get(key, 0) + v
-                for name, series in snap["hists"].items():
+                hist_series = [(name, _tuplify(k), Histogram.from_json(hj))
+                               for name, series in snap["hists"].items() for k, hj in series]
+                for name, hbase in self._hist_bases.get(child, {}).items():
+                    for key, h in hbase.items():
+                        copy = Histogram(h.buckets)
+                        copy.add(h)
+                        hist_series.append((name, key, copy))
+                for name, key, h in hist_series:
                     htarget = hists.setdefault(name, {})
-                    for k, hj in series:
-                        key = _tuplify(k)
-                        h = Histogram.from_json(hj)
-                        if key in htarget:
-                            htarget[key].add(h)
-                        else:
-                            htarget[key] = h
-                for kind, reason, items in snap["samples"]:
+                    if key in htarget:
+                        htarget[key].add(h)
+                    else:
+                        htarget[key] = h
+                sample_items = [(kind, reason, items) for kind, reason, items in snap["samples"]]
+                sample_items += [(kind, reason, items) for (kind, reason), items
+                                 in self._sample_bases.get(child, {}).items()]
+                for kind, reason, items in sample_items:
                     merged = samples.setdefault((kind, reason), [])
                     merged.extend(items)
                     merged.sort(key=lambda e: e["time"])

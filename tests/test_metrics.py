@@ -300,3 +300,26 @@ def test_merged_counter_totals_never_go_down(incarnations: list[list[tuple[str, 
             for t in "ab":
                 assert now.get(t, 0) >= last[t]
                 last[t] = now.get(t, 0)
+
+
+def test_a_restarted_child_keeps_its_histograms_and_samples() -> None:
+    parent = Registry()
+    old = Registry()
+    for seconds in (0.01, 0.2):
+        old.observe("produce_latency_seconds", seconds, cluster="local")
+    old.sample("discarded", "too_large", {"topic": "t", "id": "a"})
+    parent.merge("forwarder", through_the_pipe(old.snapshot()))
+    reborn = Registry()  # the forwarder restarted: a new incarnation, starting from nothing
+    parent.merge("forwarder", through_the_pipe(reborn.snapshot()))
+    view = parent.view()
+    # Histogram series are counters in Prometheus: _count and _sum never go down.
+    assert view.histogram("produce_latency_seconds").count == 2
+    assert [s["id"] for s in view.samples[("discarded", "too_large")]] == ["a"]
+    reborn.observe("produce_latency_seconds", 0.05, cluster="local")
+    reborn.sample("discarded", "too_large", {"topic": "t", "id": "b"})
+    parent.merge("forwarder", through_the_pipe(reborn.snapshot()))
+    view = parent.view()
+    assert view.histogram("produce_latency_seconds").count == 3
+    assert [s["id"] for s in view.samples[("discarded", "too_large")]] == ["a", "b"]
+    # The view is a copy: asking twice does not count the base twice.
+    assert parent.view().histogram("produce_latency_seconds").count == 3
