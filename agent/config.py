@@ -6,6 +6,7 @@ Precedence (highest first): keyword arguments, ``FERRY_*`` environment variables
 
 from __future__ import annotations
 
+import os
 import re
 from contextvars import ContextVar
 from pathlib import Path
@@ -16,6 +17,7 @@ from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
@@ -221,10 +223,26 @@ def load_config(path: Path | None = None, *, system_default: bool = True,
         return FerryConfig(**overrides)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, path)) from None
+    except SettingsError as exc:
+        raise ConfigError(_describe_environment(exc)) from None
     except ValueError as exc:  # TOML syntax errors surface as ValueError subclasses
         raise ConfigError(f"{path}: {exc}") from None
     finally:
         _toml_file.reset(token)
+
+
+def _describe_environment(exc: SettingsError) -> str:
+    """pydantic-settings names only the section ("spool") when a FERRY_* value does not
+    parse: name the variables, and say how lists and tables are written."""
+    match = re.search(r'field "([^"]+)"', str(exc))
+    section = match.group(1) if match else ""
+    prefix = f"FERRY_{section}".upper()
+    names = sorted(n for n in os.environ
+                   if n.upper() == prefix or n.upper().startswith(prefix + "__"))
+    return (f"invalid configuration: the environment variable{'s' if len(names) != 1 else ''}"
+            f" {', '.join(names) or prefix + '*'} (section {section or '?'}) could not be "
+            "read: lists and tables are written as JSON, e.g. "
+            "FERRY_SPOOL__DIRS='[\"/var/lib/ferry/spool\"]'")
 
 
 def _describe(exc: ValidationError, path: Path | None) -> str:

@@ -355,3 +355,17 @@ def test_forwarder_settings_librdkafka_would_refuse_stop_start_up(
     # Accepted, they made every producer fail in the forwarder process, a crash loop.
     message = config_error(tmp_path, f"[forwarder]\n{setting} = {value}\n")
     assert f"forwarder.{setting}" in message
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("FERRY_SPOOL__DIRS", "/a"), ("FERRY_HTTP__HEADER_ALLOWLIST", "X-A"),
+])
+def test_an_unparsable_environment_value_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as raised:
+        load_config()
+    message = str(raised.value)
+    assert name in message and "JSON" in message
+    assert "None" not in message  # once: "None: error parsing value for field ..."
