@@ -82,6 +82,9 @@ DEFINITIONS: dict[str, MetricDef] = {
                   "Spool files removed as duplicates of files already ingested (same name, "
                   "size and record count: a retried Spark task)."),
         MetricDef("spool_files_pending", "gauge", "Spool files waiting to be ingested."),
+        MetricDef("spool_files_unrecognized", "gauge",
+                  "Files in spool directories that Ferry does not read (wrong place or "
+                  "extension)."),
         MetricDef("spool_files_failed", "counter",
                   "Spool files Ferry could not finish with: unremovable (ingested, but the "
                   "agent may not delete or move it), error (an unexpected error, in the log).",

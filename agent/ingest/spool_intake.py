@@ -43,8 +43,10 @@ from spool.reader import (
     SpoolReader,
     list_ready_files,
     list_stale_temp_files,
+    list_unrecognized_files,
     open_spool_file,
 )
+from spool.writer import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +149,7 @@ class SpoolIntake:
         """Ingest every ready file once; returns how many were finished."""
         pending = [(i, d, f) for i, d in enumerate(self.dirs) for f in list_ready_files(d)]
         self.registry.set("spool_files_pending", float(len(pending)))
+        self._warn_unrecognized()
         finished = 0
         for n, (index, root, path) in enumerate(pending):
             if self._stop.is_set():
@@ -161,6 +164,19 @@ class SpoolIntake:
                              "again", exc_info=True)
             self.registry.set("spool_files_pending", float(len(pending) - n - 1))
         return finished
+
+    def _warn_unrecognized(self) -> None:
+        """Files dropped where the intake never looks (a .txt in the spool root, a .csv, a
+        directory whose name is no topic): counted, and each logged once, so they are not
+        left behind unnoticed."""
+        found = [f for d in self.dirs for f in list_unrecognized_files(d)]
+        self.registry.set("spool_files_unrecognized", float(len(found)))
+        for path in found:
+            if (path, "unrecognized") not in self._reported:
+                self._reported.add((path, "unrecognized"))
+                log.warning("spool file %s is not where Ferry reads files (binary .ferry files "
+                            "in the spool directory or a topic directory; .jsonl/.txt in a "
+                            "topic directory, docs/spool.md): it is left alone", path)
 
     def _failed(self, path: Path, reason: str, detail: str, exc_info: bool = False) -> None:
         """Count a file Ferry cannot finish with; log it at ERROR once per file and reason
@@ -410,6 +426,12 @@ class SpoolIntake:
                          f"{exc.strerror or exc}; make its directory writable for the ferry "
                          "group (docs/spool.md)")
             return False
+        # The delete (or move) made durable before the progress is forgotten: after a power
+        # loss the file must not come back without its "done", to be read a second time.
+        with contextlib.suppress(OSError):
+            fsync_dir(path.parent)
+            if self.config.after_ingest == "move":
+                fsync_dir((root / "done" / path.relative_to(root)).parent)
         if key is not None:
             self.store.update_state(deletes=[key])
         return True
@@ -442,7 +464,8 @@ class SpoolIntake:
         temporary files a crashed writer left behind long ago."""
         deletes: list[bytes] = []
         for k, _ in self.store.state_items(PROGRESS):
-            index_s, _, rel = k[len(PROGRESS):].decode().partition(":")
+            # fsdecode: the key holds the file name's bytes (see _key), UTF-8 or not.
+            index_s, _, rel = os.fsdecode(k[len(PROGRESS):]).partition(":")
             if int(index_s) >= len(self.dirs) or not (self.dirs[int(index_s)] / rel).exists():
                 deletes.append(k)
         now = time.time()

@@ -600,6 +600,30 @@ def test_a_file_name_that_is_not_utf8_is_ingested_and_stops_nothing(tmp_path: Pa
         assert not latin1.exists() and not later.exists()
         assert sorted(m.record.value for m in buffered(intake.store, "t")) == [
             b"binary", b"from latin-1"]
+        # The housekeeping reads such keys back too (it once decoded them as UTF-8).
+        present = _hand_made(intake, "t", b"na\xefve.txt", "kept\n")
+        intake.store.update_state({b"spool:0:t/" + b"gone-\xff.txt": b"{}"})
+        intake._cleanup()  # noqa: SLF001 - what the intake thread runs every 10 minutes
+        assert intake.store.state_items(b"spool:") == []
+        assert present.exists()
+
+
+def test_files_in_the_wrong_place_are_counted_and_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with intake_only(tmp_path) as intake:
+        root = intake.dirs[0]
+        (root / "x.txt").write_text("no topic\n")
+        (root / "t").mkdir()
+        (root / "t" / "data.csv").write_text("a,b\n")
+        with caplog.at_level("WARNING", logger="agent.ingest.spool_intake"):
+            intake.scan_once()
+            intake.scan_once()
+        assert intake.registry.view().total("spool_files_unrecognized") == 2
+        warned = [r.getMessage() for r in caplog.records if "not where Ferry reads" in
+                  r.getMessage()]
+        assert len(warned) == 2
+        assert (root / "x.txt").exists() and (root / "t" / "data.csv").exists()
 
 
 def test_a_file_the_agent_cannot_delete_is_reported_and_not_ingested_twice(
