@@ -6,6 +6,8 @@ Precedence (highest first): keyword arguments, ``FERRY_*`` environment variables
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 import re
 from contextvars import ContextVar
@@ -34,6 +36,8 @@ _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 def is_valid_topic(name: str) -> bool:
     return bool(_TOPIC_RE.fullmatch(name)) and name not in (".", "..")
 
+
+log = logging.getLogger(__name__)
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -220,7 +224,11 @@ def load_config(path: Path | None = None, *, system_default: bool = True,
         raise ConfigError(f"config file {path} does not exist")
     token = _toml_file.set(path)
     try:
-        return FerryConfig(**overrides)
+        config = FerryConfig(**overrides)
+        for name, hint in _suspect_environment():
+            log.warning("environment variable %s is not a Ferry setting and is ignored%s",
+                        name, f" (did you mean {hint}?)" if hint else "")
+        return config
     except ValidationError as exc:
         raise ConfigError(_describe(exc, path)) from None
     except SettingsError as exc:
@@ -229,6 +237,27 @@ def load_config(path: Path | None = None, *, system_default: bool = True,
         raise ConfigError(f"{path}: {exc}") from None
     finally:
         _toml_file.reset(token)
+
+
+def _suspect_environment() -> list[tuple[str, str]]:
+    """FERRY_* variables that look meant for the configuration but name no section or
+    setting, with what they probably meant. pydantic-settings ignores them (a misspelt key
+    *inside* a section is already an error), so a typo would silently leave the default.
+    Other FERRY_* variables (the test and packaging tools have their own) are not flagged:
+    only those written the nested way (``__``), or close to a setting's name."""
+    fields = list(FerryConfig.model_fields)
+    out: list[tuple[str, str]] = []
+    for name in sorted(os.environ):
+        if not name.upper().startswith("FERRY_"):
+            continue
+        parts = name[len("FERRY_"):].lower().split("__")
+        if parts[0] in FerryConfig.model_fields:
+            continue
+        close = difflib.get_close_matches(parts[0], fields, n=1, cutoff=0.8)
+        if close or len(parts) > 1:
+            rest = "__" + "__".join(parts[1:]).upper() if len(parts) > 1 else ""
+            out.append((name, f"FERRY_{close[0].upper()}{rest}" if close else ""))
+    return out
 
 
 def _describe_environment(exc: SettingsError) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent import config as config_module
-from agent.config import ConfigError, FerryConfig, is_valid_topic, load_config
+from agent.config import BufferConfig, ConfigError, FerryConfig, is_valid_topic, load_config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -369,3 +369,20 @@ def test_an_unparsable_environment_value_names_the_variable(
     message = str(raised.value)
     assert name in message and "JSON" in message
     assert "None" not in message  # once: "None: error parsing value for field ..."
+
+
+def test_a_misspelt_environment_variable_is_warned_about(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # pydantic-settings ignores FERRY_* names that match no section: the setting silently
+    # kept its default. Variables of Ferry's own tools (FERRY_TEST_CACHE, ...) are not typos.
+    monkeypatch.setenv("FERRY_BUFER__MAX_BYTES", "5000000")
+    monkeypatch.setenv("FERRY_LOGLEVEL", "debug")
+    monkeypatch.setenv("FERRY_TEST_CACHE", "/tmp/x")
+    with caplog.at_level("WARNING", logger="agent.config"):
+        config = load_config()
+    assert config.buffer.max_bytes == BufferConfig().max_bytes
+    warned = sorted(r.getMessage() for r in caplog.records)
+    assert len(warned) == 2, warned
+    assert "FERRY_BUFER__MAX_BYTES" in warned[0] and "FERRY_BUFFER__MAX_BYTES" in warned[0]
+    assert "FERRY_LOGLEVEL" in warned[1] and "FERRY_LOG_LEVEL" in warned[1]
