@@ -206,13 +206,22 @@ def _buffer(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     from agent.buffer.store import BufferFull, Store
     from agent.forwarder.discard_log import ReplayError, read_discards
-    from agent.records import Record
+    from agent.records import REPLAYED, Record
 
     config = _config(args)
     total = 0
 
     def put(store: Store, batch: list[Record]) -> int:
-        (result,) = store.append([batch])
+        # The running totals the daemon counts as messages_accepted{source="replay"},
+        # committed with the messages.
+        added: dict[str, int] = {}
+        for r in batch:
+            added[r.topic] = added.get(r.topic, 0) + 1
+        totals = {}
+        for topic, n in added.items():
+            key = REPLAYED + topic.encode()
+            totals[key] = str(int(store.get_state(key) or b"0") + n).encode()
+        (result,) = store.append([batch], state_puts=totals)
         if isinstance(result, BufferFull):
             raise result
         return len(batch)

@@ -25,6 +25,7 @@ from agent.buffer.store import Store
 from agent.config import FerryConfig
 from agent.forwarder import process as forwarder_process
 from agent.metrics import REGISTRY, Registry
+from agent.records import REPLAYED, Source
 from agent.runtime import Phase, Runtime
 
 log = logging.getLogger(__name__)
@@ -143,6 +144,8 @@ class Agent:
         self.stages: list[Stage] = []
         self._stopped = threading.Event()
         self._monitor = threading.Thread(target=self._monitor_loop, name="monitor", daemon=True)
+        # Totals `ferry replay` keeps in the buffer, as last seen: growth is counted.
+        self._replayed = self._replay_totals()
         registry.set_info("version", _version())
         registry.set("buffer_max_bytes", float(config.buffer.max_bytes))
 
@@ -187,6 +190,10 @@ class Agent:
         self.store.close()
         log.info("ferry stopped")
 
+    def _replay_totals(self) -> dict[str, int]:
+        return {key[len(REPLAYED):].decode("ascii", "replace"): _decode_total(raw)
+                for key, raw in self.store.state_items(REPLAYED)}
+
     def _monitor_loop(self) -> None:
         """Buffer gauges for the status page, once a second."""
         while not self._stopped.wait(1.0):
@@ -207,9 +214,22 @@ class Agent:
             (("topic", s.topic),): max(0.0, (now_ms - s.oldest_ms) / 1000)
             for s in stats if s.oldest_ms is not None})
         reg.set("buffer_used_bytes", float(self.store.used_bytes()))
+        replayed = self._replay_totals()
+        for topic, total in replayed.items():
+            grown = total - self._replayed.get(topic, 0)
+            if grown > 0:
+                reg.inc("messages_accepted", grown, source=Source.REPLAY, topic=topic)
+        self._replayed = replayed
         # Re-checked here too, not only when /status/ready asks: with no input and only
         # /metrics scraped, the gauge would otherwise stay 1 after the buffer drained.
         reg.set("buffer_full", 1.0 if self.committer.full else 0.0)
+
+
+def _decode_total(raw: bytes) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        return 0
 
 
 def _http_stage(runtime: Runtime) -> Stage:

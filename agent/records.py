@@ -41,3 +41,9 @@ class Source:
     HTTP = "http"
     SPOOL = "spool"
     REPLAY = "replay"
+
+
+# `ferry replay` writes to the buffer from its own process, outside the daemon's registry:
+# it keeps a running total per topic in the buffer's state (``REPLAYED`` + topic -> count,
+# committed with the messages), which the daemon turns into messages_accepted{source=replay}.
+REPLAYED = b"replayed:"
