@@ -112,6 +112,7 @@ class Committer:
         self._full = False
         self._used_at_refusal = 0
         self._refused_at = 0.0
+        self._full_by_size = False  # refused for max_bytes (BufferFull), not by the disk
         self._thread = threading.Thread(target=self._run, name=f"committer-{name}", daemon=True)
 
     def start(self) -> None:
@@ -128,7 +129,8 @@ class Committer:
         ``FULL_RECHECK_SECONDS``: the next commit tells whether it is still true."""
         if self._full and (
                 self.store.used_bytes() < self._used_at_refusal * 0.9
-                or time.monotonic() - self._refused_at >= FULL_RECHECK_SECONDS):
+                or (not self._full_by_size
+                    and time.monotonic() - self._refused_at >= FULL_RECHECK_SECONDS)):
             self._full = False
             self.registry.set("buffer_full", 0.0)
         return self._full
@@ -290,16 +292,17 @@ class Committer:
                   if s.state_puts or s.state_deletes or s.derive else None for s in taken]
         started = time.perf_counter()
         results: list[Result]
-        full = False
+        full = by_size = False
         try:
             appended = self.store.append([s.records for s in taken], states=states)
             results = list(appended)
-            full = any(isinstance(r, BufferFull) and not isinstance(r, InvalidGroup)
-                       for r in results)
+            full = by_size = any(isinstance(r, BufferFull) and not isinstance(r, InvalidGroup)
+                                 for r in results)
         except (BufferFull, BufferUnavailable) as exc:
             # The transaction was aborted: nothing of it is on disk.
             results = [exc] * len(taken)
             full = True
+            by_size = isinstance(exc, BufferFull)
             log.warning("buffer refused %d messages: %s",
                         sum(len(s.records) for s in taken), exc)
         except Exception as exc:  # noqa: BLE001 - never let the writer thread die silently
@@ -309,6 +312,7 @@ class Committer:
         # Outside the try: the groups' fate is settled; a failure to measure the buffer now
         # must not be reported as a failed commit of groups that are stored.
         self._full = full
+        self._full_by_size = by_size
         if full:
             self._refused_at = time.monotonic()
             try:

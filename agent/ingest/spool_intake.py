@@ -95,7 +95,8 @@ class SpoolIntake:
         self.dirs = [Path(d) for d in self.config.dirs]
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._reported: set[tuple[Path, str]] = set()  # files _failed() logged at ERROR
+        self._reported: set[tuple[Path, str]] = set()  # files _failed() counted and logged
+        self._unrecognized: set[Path] = set()  # as of the last scan
         self._observer: Any = None
         self._thread = threading.Thread(target=self._run, name="spool-intake", daemon=True)
         # Binary files' batches commit on this thread while the intake thread encodes the
@@ -169,21 +170,21 @@ class SpoolIntake:
         """Files dropped where the intake never looks (a .txt in the spool root, a .csv, a
         directory whose name is no topic): counted, and each logged once, so they are not
         left behind unnoticed."""
-        found = [f for d in self.dirs for f in list_unrecognized_files(d)]
+        found = {f for d in self.dirs for f in list_unrecognized_files(d)}
         self.registry.set("spool_files_unrecognized", float(len(found)))
-        for path in found:
-            if (path, "unrecognized") not in self._reported:
-                self._reported.add((path, "unrecognized"))
-                log.warning("spool file %s is not where Ferry reads files (binary .ferry files "
+        new, self._unrecognized = found - self._unrecognized, found
+        for path in sorted(new):
+            log.warning("spool file %s is not where Ferry reads files (binary .ferry files "
                             "in the spool directory or a topic directory; .jsonl/.txt in a "
                             "topic directory, docs/spool.md): it is left alone", path)
 
     def _failed(self, path: Path, reason: str, detail: str, exc_info: bool = False) -> None:
-        """Count a file Ferry cannot finish with; log it at ERROR once per file and reason
-        (it stays where it is and is tried again every scan)."""
-        self.registry.inc("spool_files_failed", reason=reason)
+        """Count a file Ferry cannot finish with and log it at ERROR, once per file and reason
+        (it stays where it is and is tried again every scan; later failures log at DEBUG)."""
         first = (path, reason) not in self._reported
-        self._reported.add((path, reason))
+        if first:
+            self._reported.add((path, reason))
+            self.registry.inc("spool_files_failed", reason=reason)
         log.log(logging.ERROR if first else logging.DEBUG, "spool file %s: %s", path, detail,
                 exc_info=exc_info and first)
 
@@ -426,6 +427,7 @@ class SpoolIntake:
                          f"{exc.strerror or exc}; make its directory writable for the ferry "
                          "group (docs/spool.md)")
             return False
+        self._reported.discard((path, "unremovable"))
         # The delete (or move) made durable before the progress is forgotten: after a power
         # loss the file must not come back without its "done", to be read a second time.
         with contextlib.suppress(OSError):

@@ -76,6 +76,21 @@ def small_store(tmp_path: Path) -> Iterator[Store]:
         yield s
 
 
+def fail_first_append(monkeypatch: pytest.MonkeyPatch, store: Store, exc: Exception) -> None:
+    """The store's next append raises ``exc``; the ones after it work."""
+    real_append = store.append
+    calls = 0
+
+    def failing_once(*args: object, **kwargs: object) -> object:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise exc
+        return real_append(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "append", failing_once)
+
+
 def committer_for(store: Store, registry: Registry) -> Iterator[Committer]:
     c = Committer(store, registry=registry)
     try:
@@ -410,17 +425,7 @@ def test_close_wakes_a_blocked_submitter_with_shutting_down(
 def test_an_unexpected_store_error_refuses_the_batch_and_the_writer_carries_on(
     committer: Committer, store: Store, registry: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_append = store.append
-    calls = 0
-
-    def append_failing_once(*args: object, **kwargs: object) -> object:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            raise OSError("simulated I/O error")
-        return real_append(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(store, "append", append_failing_once)
+    fail_first_append(monkeypatch, store, OSError("simulated I/O error"))
     results = Results()
     committer.submit([Record("t", b"1"), Record("t", b"2")], "http", results.callback("a"))
     committer.submit([Record("t", b"3")], "socket", results.callback("b"))
@@ -483,17 +488,8 @@ def test_full_clears_by_itself_after_a_refusal_the_buffer_size_cannot_undo(
 ) -> None:
     # The filesystem filled up (another program): the buffer is empty, so "room again" can
     # never mean "smaller than at the refusal". Readiness must not stay 503 for ever.
-    real_append = store.append
-    calls = 0
-
-    def disk_full_once(*args: object, **kwargs: object) -> object:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            raise BufferUnavailable("disk_full", "no space left on the buffer's filesystem")
-        return real_append(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(store, "append", disk_full_once)
+    fail_first_append(monkeypatch, store,
+                      BufferUnavailable("disk_full", "no space left on the buffer's filesystem"))
     committer.start()
     refused = committer.commit([Record("t", b"1")], "http", timeout=WAIT)
     assert isinstance(refused, BufferUnavailable)
@@ -504,3 +500,22 @@ def test_full_clears_by_itself_after_a_refusal_the_buffer_size_cannot_undo(
         assert not committer.full
     assert registry.view().total("buffer_full") == 0
     assert isinstance(committer.commit([Record("t", b"2")], "http", timeout=WAIT), list)
+
+
+def test_full_for_lack_of_room_stays_until_the_buffer_shrinks(
+    small_committer: Committer, small_store: Store, registry: Registry,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Unlike a disk refusal, a max_bytes refusal is not given up on after a while: readiness
+    # must not flap to "ready" while nothing has left the buffer.
+    small_committer.start()
+    for _ in range(100):  # bounded: ~10 fit in the 1 MiB buffer
+        if not isinstance(small_committer.commit([Record("t", b"x" * 100_000)], "http",
+                                                 timeout=WAIT), list):
+            break
+    assert small_committer.full
+    later = time.monotonic() + committer_module.FULL_RECHECK_SECONDS + 1
+    with monkeypatch.context() as m:
+        m.setattr(committer_module.time, "monotonic", lambda: later)
+        assert small_committer.full
+    assert registry.view().total("buffer_full") == 1
