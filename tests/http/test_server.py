@@ -11,13 +11,12 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from agent.ingest.http.protocol import _CorkedTransport, _Flusher
 from agent.ingest.http.server import (
     GC_GEN0_THRESHOLD,
     SWITCH_INTERVAL,
     HttpBindError,
     HttpServer,
-    _CorkedTransport,
-    _Flusher,
 )
 from agent.runtime import Phase
 from tests.http.harness import Served

@@ -1,10 +1,13 @@
 """Ferry's HTTP front door: Hermes-style publishing, topic management and the status probes.
 
-- ``app.py``: ``create_app()``, the one ASGI app of the listener. A thin raw-ASGI fast path
+- ``app.py``: ``create_app()``, the one ASGI app of the listener. A thin raw-ASGI path
   serves ``POST /topics/{topic}`` and ``POST /topics/{topic}/batch``; everything else goes to
   a Starlette app (management, ``/status/ping|health|ready``, ``/openapi.json`` and the status
   engineer's routes).
-- ``server.py``: ``HttpServer``, uvicorn (uvloop + httptools) in its own thread.
+- ``server.py``: ``HttpServer``, uvicorn (uvloop + httptools) in its own thread;
+  ``protocol.py`` its connection protocol (uvicorn's, with corked writes, a header deadline,
+  and publishes whose body came with their headers handed to ``Publisher.direct`` without
+  ASGI).
 - ``topics.py``: ``TopicCatalog``, topic settings from the config file and the management API.
 - ``publish.py``: the publish handler; ``codecs.py`` validates and converts bodies;
   ``delivery.py`` waits for Kafka's acknowledgement (201 vs 202); ``idempotency.py`` and

@@ -43,6 +43,9 @@ class FerryApp:
         _check_config_topics(runtime)
         self.catalog = TopicCatalog(runtime.config, runtime.store)
         self.publisher = Publisher(runtime, self.catalog)
+        # The server's protocol hands publishes whose body came with their headers here,
+        # without ASGI (protocol.py); the rest reach ``__call__``.
+        self.publish_direct = self.publisher.direct
         self.topics_api = TopicsApi(runtime, self.catalog)
         routes: list[BaseRoute] = [
             Route("/status/ping", self._ping, methods=["GET"], name="ping"),

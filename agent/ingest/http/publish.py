@@ -99,7 +99,7 @@ class Publisher:
         self._watcher: DeliveryWatcher | None = None
         self._inflight: dict[bytes, asyncio.Future[None]] = {}
         # Requests of this loop iteration waiting to be handed to the writer together.
-        self._queue: list[tuple[list[Record], _Derive | None, asyncio.Future[Any]]] = []
+        self._queue: list[tuple[list[Record], _Derive | None, Callable[[Any], None]]] = []
 
     # -- loop binding ----------------------------------------------------------------------
     def _bind(self) -> tuple[CompletionBridge, DeliveryWatcher]:
@@ -135,35 +135,101 @@ class Publisher:
     # -- ASGI ------------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send, topic: str,
                        batch: bool) -> None:
-        route = "batch" if batch else "publish"
         try:
-            status, headers, body, n = await self._publish(scope, receive, topic, batch)
-            # Every message a client hands over is received, then accepted or rejected.
-            self.counters.add_key(_RECEIVED, n)
-        except HttpError as exc:
-            status, body = exc.status, exc.body()
-            headers = exc.headers(body)
+            request = self._check(topic, scope["headers"], batch)
+            body = await self._read_body(receive, request.limit, topic, batch)
+            status, headers, answer = self._received(await self._store(request, body))
+        except _Disconnected:
+            route = "batch" if batch else "publish"
+            self.counters.add("http_requests", (("route", route), ("status", "499")))
+            return
+        except Exception as exc:  # noqa: BLE001 - refusals, and bugs (500, logged)
+            status, headers, answer = self._refused(exc, topic)
+        self.counters.add_key(_REQUESTS[batch][status])
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": answer})
+
+    # -- direct: no ASGI -------------------------------------------------------------------
+    def direct(self, topic: str, batch: bool, headers: list[tuple[bytes, bytes]],
+               body: bytes, reply: Reply) -> None:
+        """Publish a request whose whole body came with its headers, then ``reply()``.
+
+        The server's protocol calls this on the event loop for most publishes (server.py,
+        ``_Protocol``), without ASGI's per-request task, scope and messages: they cost more
+        than the rest of the publish. The checks, the answers and the counting are those of
+        ``__call__``. The common case (no Idempotency-Key, no wait for Kafka) runs on
+        callbacks: ``reply`` is called once the commit is durable, or at once for a refusal.
+        The rest keeps the coroutine, as its own task.
+        """
+        try:
+            request = self._check(topic, headers, batch)
+            if len(body) > request.limit:
+                raise _body_too_large(request.limit, topic, batch)
+            if request.ikey is not None or self._waits_for_kafka(request.settings):
+                task = asyncio.get_running_loop().create_task(self._store(request, body))
+                task.add_done_callback(functools.partial(self._stored, request, reply))
+                return
+            records = self._records(request, body)
+            self._rate_limit(request, len(records))
+            self._enqueue(records, None,
+                          functools.partial(self._committed, request, len(records), reply))
+        except Exception as exc:  # noqa: BLE001 - refusals, and bugs (500, logged)
+            status, out_headers, answer = self._refused(exc, topic)
+            self.counters.add_key(_REQUESTS[batch][status])
+            reply(status, out_headers, answer)
+
+    def _committed(self, request: _Request, n: int, reply: Reply, result: Any) -> None:
+        """On the loop: the writer's result for a direct publish; answer it."""
+        try:
+            ids = _ids(result, n)
+            status, headers, body = self._received(
+                (*_response(ids, request.batch, False, False), n))
+        except Exception as exc:  # noqa: BLE001 - refusals, and bugs (500, logged)
+            status, headers, body = self._refused(exc, request.topic)
+        self.counters.add_key(_REQUESTS[request.batch][status])
+        reply(status, headers, body)
+
+    def _stored(self, request: _Request, reply: Reply, task: asyncio.Task[_Outcome]) -> None:
+        """On the loop: a direct publish that took the coroutine (``_store``) is done."""
+        if task.cancelled():
+            return  # the loop is shutting down: the connection goes with it
+        exc = task.exception()
+        if exc is None:
+            status, headers, body = self._received(task.result())
+        else:
+            status, headers, body = self._refused(exc, request.topic)
+        self.counters.add_key(_REQUESTS[request.batch][status])
+        reply(status, headers, body)
+
+    # -- the steps -------------------------------------------------------------------------
+    def _received(self, outcome: _Outcome) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """Count a stored (or replayed) request's messages as received; its answer."""
+        status, headers, body, n = outcome
+        # Every message a client hands over is received, then accepted or rejected.
+        self.counters.add_key(_RECEIVED, n)
+        return status, headers, body
+
+    def _refused(self, exc: BaseException, topic: str
+                 ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """Count a refusal (``HttpError``) or a bug (answered 500, logged); its answer."""
+        if isinstance(exc, HttpError):
+            body = exc.body()
             self.counters.add_key(_RECEIVED, exc.count)
             if exc.reason is not None:
                 self.counters.add("messages_rejected", (*_SOURCE, ("reason", exc.reason)),
                                   exc.count)
-        except _Disconnected:
-            self.counters.add("http_requests", (("route", route), ("status", "499")))
-            return
-        except Exception:  # noqa: BLE001 - a bug must still produce an answer, and a log
-            log.exception("publishing to %r failed", topic)
-            err = HttpError(500, "internal_error",
-                            "Ferry failed to handle this request; nothing was acknowledged. "
-                            "The error is in Ferry's log.", close=True)
-            status, body = 500, err.body()
-            headers = err.headers(body)
-        self.counters.add_key(_REQUESTS[batch][status])
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+            return exc.status, exc.headers(body), body
+        # A bug must still produce an answer, and a log line.
+        log.error("publishing to %r failed", topic, exc_info=exc)
+        err = HttpError(500, "internal_error",
+                        "Ferry failed to handle this request; nothing was acknowledged. "
+                        "The error is in Ferry's log.", close=True)
+        body = err.body()
+        return 500, err.headers(body), body
 
-    async def _publish(
-        self, scope: Scope, receive: Receive, topic: str, batch: bool
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes, int]:
+    def _check(self, topic: str, raw_headers: list[tuple[bytes, bytes]], batch: bool
+               ) -> _Request:
+        """What can be refused before the body: phase, topic, headers, declared length."""
         runtime = self.runtime
         if not runtime.accepting:
             raise _not_accepting(runtime.phase)
@@ -178,47 +244,48 @@ class Publisher:
                             "is off (http.auto_create_topics)", reason="unknown_topic")
 
         # -- headers (one pass) --
-        ctype: bytes | None = None
+        request = _Request(topic, batch, settings)
         length: bytes | None = None
-        pkey: bytes | None = None
-        fpk: bytes | None = None
-        ikey: bytes | None = None
         kafka_headers: list[tuple[str, bytes]] = []
         allow = self.allowlist
-        for name, value in scope["headers"]:
+        for name, value in raw_headers:
             if name == b"content-type":
-                ctype = value
+                request.ctype = value
             elif name == b"content-length":
                 length = value
             elif name == b"partition-key":
-                pkey = value
+                request.pkey = value
             elif name == b"ferry-partition-key":
-                fpk = value
+                request.fpk = value
             elif name == b"idempotency-key":
-                ikey = value
+                request.ikey = value
             elif allow and name in allow:
                 kafka_headers.append((allow[name], value))
+        if kafka_headers:
+            request.kafka_headers = tuple(kafka_headers)
 
-        limit = self.max_batch_bytes if batch else settings.max_message_bytes
+        limit = request.limit = self.max_batch_bytes if batch else settings.max_message_bytes
         if length is not None and length.isdigit() and int(length) > limit:
             raise HttpError(413, "too_large",
                             f"the body of {int(length)} bytes is over the limit of {limit} "
                             f"({_limit_name(topic, batch)})",
                             reason="too_large", close=int(length) > _DRAIN_LIMIT)
-        partition_key = _partition_key(fpk) if fpk is not None else None
-        if pkey is not None and not pkey:
+        if request.fpk is not None:
+            request.partition_key = _partition_key(request.fpk)
+        if request.pkey is not None and not request.pkey:
             raise HttpError(400, "invalid_header", "Partition-Key is empty; leave it out for "
                             "no key", reason="invalid")
-        if ikey is not None:
+        if request.ikey is not None:
             try:
-                idem.check_key(ikey)
+                idem.check_key(request.ikey)
             except idem.BadKey as exc:
                 raise HttpError(400, "invalid_header", str(exc), reason="invalid") from None
+        return request
 
-        body = await self._read_body(receive, limit, topic, batch)
-
-        # -- body -> values --
-        media = media_type(ctype)
+    def _records(self, request: _Request, body: bytes) -> list[Record]:
+        """The body, checked and converted for the topic, as records."""
+        topic, batch, settings = request.topic, request.batch, request.settings
+        media = media_type(request.ctype)
         try:
             codec = self.codecs.get(settings)
         except ValueError as exc:
@@ -236,6 +303,7 @@ class Publisher:
             raise HttpError(500, "topic_misconfigured",
                             f"topic {topic!r} cannot take messages: {exc}") from None
         n = len(values)
+        pkey = request.pkey
         ksize = len(pkey) if pkey else 0
         max_bytes = settings.max_message_bytes
         if values and max(map(len, values)) + ksize > max_bytes:
@@ -245,35 +313,49 @@ class Publisher:
                             f"{where} is {len(v) + ksize} bytes (key + value) stored, over "
                             f"max_message_bytes={max_bytes} of topic {topic!r}",
                             reason="too_large", count=n)
-
-        ts = int(time.time() * 1000)
-        headers = tuple(kafka_headers)
+        request.ts = ts = int(time.time() * 1000)
+        headers = request.kafka_headers
+        partition_key = request.partition_key
         hash_key = pkey is not None
-        records = [Record(topic, v, pkey, partition_key, ts, headers, hash_key) for v in values]
+        return [Record(topic, v, pkey, partition_key, ts, headers, hash_key) for v in values]
 
-        # -- idempotency, rate limit, commit --
+    def _rate_limit(self, request: _Request, n: int) -> None:
+        settings = request.settings
+        wait = self.limiter.acquire(request.topic, settings.rate_limit, n)
+        if wait:
+            raise HttpError(429, "rate_limited",
+                            f"topic {request.topic!r} takes at most {settings.rate_limit:g} "
+                            "messages/s over HTTP", reason="rate_limited", retry_after=wait,
+                            count=n)
+
+    def _waits_for_kafka(self, settings: TopicConfig) -> bool:
+        return self.track and settings.ack_timeout_ms > 0
+
+    async def _store(self, request: _Request, body: bytes) -> _Outcome:
+        """Convert, store and answer: idempotency, rate limit, commit, wait for Kafka."""
+        records = self._records(request, body)
+        n = len(records)
+        topic, batch, settings = request.topic, request.batch, request.settings
+        ikey = request.ikey
         state_key: bytes | None = None
         fingerprint = ""
         if ikey is not None and self.idempotency.enabled:
             state_key = self.idempotency.state_key(topic, ikey)
             fingerprint = idem.fingerprint([
-                b"batch" if batch else b"single", ctype or b"", pkey or b"", fpk or b"",
-                *(f"{k}={v!r}".encode() for k, v in headers), body])
+                b"batch" if batch else b"single", request.ctype or b"", request.pkey or b"",
+                request.fpk or b"",
+                *(f"{k}={v!r}".encode() for k, v in request.kafka_headers), body])
             replay = await self._replay(topic, state_key, fingerprint, settings, batch, n)
             if replay is not None:
                 return (*replay, 0)  # stored before: received (and counted) the first time
-        wait = self.limiter.acquire(topic, settings.rate_limit, n)
-        if wait:
-            raise HttpError(429, "rate_limited",
-                            f"topic {topic!r} takes at most {settings.rate_limit:g} messages/s "
-                            "over HTTP", reason="rate_limited", retry_after=wait, count=n)
+        self._rate_limit(request, n)
         if state_key is None:
             ids = await self._commit(records)
             return (*await self._answer(topic, ids, settings, batch), n)
         assert self._loop is not None
         gate: asyncio.Future[None] = self._loop.create_future()
         self._inflight[state_key] = gate
-        key = state_key
+        key, ts = state_key, request.ts
 
         def remember(ids: list[bytes]) -> dict[bytes, bytes]:
             # Runs in the commit that stores the messages: both or neither are on disk.
@@ -339,68 +421,50 @@ class Publisher:
 
     async def _commit(self, records: list[Record], derive: _Derive | None = None
                       ) -> list[bytes]:
-        """Store ``records`` (all or nothing) and return their ids once durable.
-
-        The request joins this loop iteration's queue; the first one schedules the hand-over
-        to the writer at the end of the iteration, so one iteration's requests cost one
-        ``submit_groups()`` and come back in one loop wake-up (CompletionBridge)."""
+        """Store ``records`` (all or nothing) and return their ids once durable."""
         loop = self._loop
         if loop is None or loop is not asyncio.get_running_loop():
             self._bind()
             loop = self._loop
             assert loop is not None
         future: asyncio.Future[Any] = loop.create_future()
+        self._enqueue(records, derive, functools.partial(_set_result, future))
+        return _ids(await future, len(records))
+
+    def _enqueue(self, records: list[Record], derive: _Derive | None,
+                 done: Callable[[Any], None]) -> None:
+        """Queue ``records`` for this loop iteration's hand-over; ``done(result)`` on the loop
+        once the writer is done with them.
+
+        The first request of an iteration schedules the hand-over to the writer at the end
+        of the iteration, so one iteration's requests cost one ``submit_groups()`` and come
+        back in one loop wake-up (CompletionBridge)."""
+        if self._loop is not asyncio.get_running_loop():
+            self._bind()
         queue = self._queue
         if not queue:
-            loop.call_soon(self._hand_over)
-        queue.append((records, derive, future))
-        result = await future
-        if isinstance(result, list):
-            return result
-        n = len(records)
-        if result is _OVERLOADED:
-            raise HttpError(503, "overloaded",
-                            "Ferry's buffer writer is behind; nothing was stored. Retry later.",
-                            reason="overloaded", retry_after=RETRY_BUSY, count=n)
-        if result is _CLOSING:
-            raise _not_accepting(Phase.STOPPING, count=n)
-        if isinstance(result, InvalidGroup):
-            # Counted by the committer (reason invalid). The checks above should make this
-            # impossible; if a record still cannot be encoded, it is the client's input.
-            raise HttpError(400, "invalid_body", f"the message cannot be stored: {result}",
-                            count=n)
-        if isinstance(result, BufferFull):
-            # Counted by the committer (messages_rejected reason buffer_full).
-            raise HttpError(503, "buffer_full",
-                            f"Ferry's buffer is full; nothing was stored: {result}",
-                            retry_after=RETRY_FULL, count=n)
-        if isinstance(result, BufferUnavailable):
-            raise HttpError(503, result.reason,
-                            f"Ferry's buffer cannot store messages; nothing was stored: {result}",
-                            retry_after=RETRY_FULL, count=n)
-        raise AssertionError(f"unexpected commit result {result!r}")
+            asyncio.get_running_loop().call_soon(self._hand_over)
+        queue.append((records, derive, done))
 
     def _hand_over(self) -> None:
         """On the loop, end of an iteration: queue this iteration's requests for the writer."""
         queue, self._queue = self._queue, []
-        futures = [f for _, _, f in queue]
+        dones = [done for _, _, done in queue]
         bridge = self._bridge
         assert bridge is not None
         try:
             queued = self.committer.submit_groups(
                 [(records, derive) for records, derive, _ in queue], Source.HTTP,
-                functools.partial(bridge.post, functools.partial(_resolve, futures)))
+                functools.partial(bridge.post, functools.partial(_resolve, dones)))
         except ShuttingDown:
-            _resolve(futures, [_CLOSING] * len(futures))
+            _resolve(dones, [_CLOSING] * len(dones))
             return
         except Exception:  # noqa: BLE001 - a bug: answer 500 rather than leave them hanging
-            log.exception("handing %d requests to the buffer writer failed", len(futures))
-            for future in futures:
-                if not future.done():
-                    future.set_exception(RuntimeError("hand-over to the buffer writer failed"))
+            log.exception("handing %d requests to the buffer writer failed", len(dones))
+            _resolve(dones, [_FAILED] * len(dones))
             return
         if not queued:
-            _resolve(futures, [_OVERLOADED] * len(futures))
+            _resolve(dones, [_OVERLOADED] * len(dones))
         if self.idempotency.enabled and self.idempotency.prune_due():
             # Expired Idempotency-Keys leave the state database a minute's worth at a time,
             # off the loop (they are disk writes); at most once per PRUNE_INTERVAL.
@@ -463,16 +527,78 @@ def _response(ids: list[bytes], batch: bool, delivered: bool, replayed: bool
 
 
 _Derive = Callable[[list[bytes]], dict[bytes, bytes]]
-# Hand-over outcomes that are not the writer's: its queue was full, or it is closed.
+# Hand-over outcomes that are not the writer's: its queue was full, it is closed, or the
+# hand-over itself failed (a bug; answered 500).
 _OVERLOADED = object()
 _CLOSING = object()
+_FAILED = object()
+# An answer (status, headers, body), and how many messages it counts as received.
+_Outcome = tuple[int, list[tuple[bytes, bytes]], bytes, int]
+# How the server sends a direct publish's answer: reply(status, headers, body).
+Reply = Callable[[int, list[tuple[bytes, bytes]], bytes], None]
 
 
-def _resolve(futures: list[asyncio.Future[Any]], results: list[Any]) -> None:
+def _resolve(dones: list[Callable[[Any], None]], results: list[Any]) -> None:
     """On the loop: answer the requests of one hand-over."""
-    for future, result in zip(futures, results, strict=True):
-        if not future.done():
-            future.set_result(result)
+    for done, result in zip(dones, results, strict=True):
+        try:
+            done(result)
+        except Exception:  # noqa: BLE001 - one failed answer must not strand the others
+            log.exception("answering a publish failed")
+
+
+def _set_result(future: asyncio.Future[Any], result: Any) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _ids(result: Any, n: int) -> list[bytes]:
+    """The ids of a stored group, from the writer's ``result``; a refusal raises HttpError."""
+    if isinstance(result, list):
+        return result
+    if result is _OVERLOADED:
+        raise HttpError(503, "overloaded",
+                        "Ferry's buffer writer is behind; nothing was stored. Retry later.",
+                        reason="overloaded", retry_after=RETRY_BUSY, count=n)
+    if result is _CLOSING:
+        raise _not_accepting(Phase.STOPPING, count=n)
+    if isinstance(result, InvalidGroup):
+        # Counted by the committer (reason invalid). The checks above should make this
+        # impossible; if a record still cannot be encoded, it is the client's input.
+        raise HttpError(400, "invalid_body", f"the message cannot be stored: {result}",
+                        count=n)
+    if isinstance(result, BufferFull):
+        # Counted by the committer (messages_rejected reason buffer_full).
+        raise HttpError(503, "buffer_full",
+                        f"Ferry's buffer is full; nothing was stored: {result}",
+                        retry_after=RETRY_FULL, count=n)
+    if isinstance(result, BufferUnavailable):
+        raise HttpError(503, result.reason,
+                        f"Ferry's buffer cannot store messages; nothing was stored: {result}",
+                        retry_after=RETRY_FULL, count=n)
+    if result is _FAILED:
+        raise RuntimeError("handing the request to the buffer writer failed")
+    raise AssertionError(f"unexpected commit result {result!r}")
+
+
+class _Request:
+    """What ``_check`` learnt from a publish request's path and headers."""
+
+    __slots__ = ("topic", "batch", "settings", "limit", "ctype", "pkey", "fpk", "ikey",
+                 "partition_key", "kafka_headers", "ts")
+
+    def __init__(self, topic: str, batch: bool, settings: TopicConfig) -> None:
+        self.topic = topic
+        self.batch = batch
+        self.settings = settings
+        self.limit = 0
+        self.ctype: bytes | None = None
+        self.pkey: bytes | None = None
+        self.fpk: bytes | None = None
+        self.ikey: bytes | None = None
+        self.partition_key: int | None = None
+        self.kafka_headers: tuple[tuple[str, bytes], ...] = ()
+        self.ts = 0
 
 
 class _Disconnected(Exception):

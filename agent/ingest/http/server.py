@@ -27,10 +27,10 @@ from typing import Any
 import uvicorn
 import uvloop
 from starlette.types import ASGIApp
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from agent.gc_tuning import freeze_startup_heap
 from agent.ingest.gil import SWITCH_INTERVAL, lower_switch_interval
+from agent.ingest.http.protocol import protocol_class
 from agent.runtime import Phase, Runtime
 
 log = logging.getLogger(__name__)
@@ -50,149 +50,6 @@ GC_GEN0_THRESHOLD = 10_000
 
 class HttpBindError(RuntimeError):
     """The listener cannot be opened (port taken, address not local, ...)."""
-
-
-class _Flusher:
-    """Flushes every corked connection that wrote in a loop iteration, with one callback."""
-
-    __slots__ = ("loop", "_dirty")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._dirty: list[_CorkedTransport] = []
-
-    def add(self, corked: _CorkedTransport) -> None:
-        if not self._dirty:
-            self.loop.call_soon(self._run)
-        self._dirty.append(corked)
-
-    def _run(self) -> None:
-        dirty, self._dirty = self._dirty, []
-        for corked in dirty:
-            try:
-                corked.flush()
-            except Exception:  # noqa: BLE001 - one broken connection must not hold the rest
-                log.debug("dropping the answer to a connection that failed", exc_info=True)
-
-
-class _CorkedTransport:
-    """Hands a connection's writes of one loop iteration to the socket as one write.
-
-    uvicorn writes a response's status line and headers, then its body, as two writes; on
-    loopback TCP each write is a packet the kernel delivers right away, which costs more than
-    the publish handler itself (measured: ~30 us of ~75 us per small request). Collecting the
-    writes and flushing them once, later in the same loop iteration, sends one packet. One
-    ``_Flusher`` callback per iteration flushes all connections that wrote.
-    """
-
-    __slots__ = ("_transport", "_pending", "_flusher")
-
-    def __init__(self, transport: asyncio.Transport, flusher: _Flusher) -> None:
-        self._transport = transport
-        self._pending: list[bytes] = []
-        self._flusher = flusher
-
-    def write(self, data: bytes) -> None:
-        if not self._pending:
-            self._flusher.add(self)
-        self._pending.append(data)
-
-    def flush(self) -> None:
-        pending = self._pending
-        if pending:
-            self._pending = []
-            if self._transport.is_closing():
-                return  # the peer went away (reset) before its answer left: nobody to tell
-            self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
-
-    def close(self) -> None:
-        self.flush()
-        self._transport.close()
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def pause_reading(self) -> None:
-        self._transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        self._transport.resume_reading()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._transport.get_extra_info(name, default)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
-class _Protocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, corked, with a deadline for a request's headers.
-
-    uvicorn times out a connection idle *after* a response (keep-alive) and a body that stops
-    arriving, but not a connection that never sends a request or stops halfway through its
-    headers: each such connection would hold a descriptor for good, and enough of them (a
-    slow or broken client, a port scanner) starve the listener. The deadline runs from the
-    connection's start, and from each response's end, to the end of the next request's
-    headers.
-
-    One timer per connection, not per request: a request only notes when the connection
-    started waiting for headers (``_waiting_since``, None while a request is past its
-    headers). When the timer fires it closes the connection if that wait is over the limit,
-    and otherwise sleeps again for what is left of it.
-    """
-
-    header_timeout: float = 10.0  # set per server by ``_protocol_class``
-    _flusher: _Flusher | None = None  # per server class: one server, one loop
-    _header_deadline: asyncio.TimerHandle | None = None
-    _waiting_since: float | None = None
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        loop = asyncio.get_running_loop()
-        flusher = type(self)._flusher
-        if flusher is None or flusher.loop is not loop:
-            flusher = type(self)._flusher = _Flusher(loop)
-        corked = _CorkedTransport(transport, flusher)
-        super().connection_made(corked)  # type: ignore[arg-type]
-        self._wait_for_headers()
-
-    def on_headers_complete(self) -> None:
-        self._waiting_since = None
-        super().on_headers_complete()
-
-    def on_response_complete(self) -> None:
-        # uvicorn starts the next pipelined request here, if one is waiting: its headers are
-        # in, and it runs now, so there are no headers to wait for until it has answered.
-        pipelined = bool(self.pipeline)
-        super().on_response_complete()
-        if not pipelined and not self.transport.is_closing():
-            self._wait_for_headers()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._header_deadline is not None:
-            self._header_deadline.cancel()
-            self._header_deadline = None
-        super().connection_lost(exc)
-
-    def _wait_for_headers(self) -> None:
-        self._waiting_since = self.loop.time()
-        if self._header_deadline is None:
-            self._header_deadline = self.loop.call_later(self.header_timeout,
-                                                         self._check_headers)
-
-    def _check_headers(self) -> None:
-        self._header_deadline = None
-        since = self._waiting_since
-        if since is None or self.transport.is_closing():
-            return  # a request is past its headers; its response starts the next wait
-        left = since + self.header_timeout - self.loop.time()
-        if left > 0:
-            self._header_deadline = self.loop.call_later(left, self._check_headers)
-        else:
-            self.transport.close()
-
-
-def _protocol_class(header_timeout: float) -> type[_Protocol]:
-    return type("_Protocol", (_Protocol,), {"header_timeout": header_timeout})
 
 
 class _Server(uvicorn.Server):
@@ -247,7 +104,8 @@ class HttpServer:
         self.host, self.port = str(address[0]), int(address[1])
         config = uvicorn.Config(
             self.app,
-            http=_protocol_class(cfg.header_timeout_seconds),
+            http=protocol_class(cfg.header_timeout_seconds,
+                                getattr(self.app, "publish_direct", None)),
             ws="none",
             interface="asgi3",
             lifespan="off",

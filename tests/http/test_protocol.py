@@ -1,0 +1,245 @@
+"""protocol.py: publishes whose body came with their headers skip ASGI (``Publisher.direct``);
+everything else, and every odd case of the HTTP exchange, still behaves as uvicorn's path does.
+
+Requests are written on raw sockets, so what arrives together is under the test's control.
+Which path served a request is observed with a spy on the ASGI entry (``Publisher.__call__``).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from agent.buffer import keys
+from agent.ingest.http.publish import Publisher
+from tests.http.harness import Served
+from tests.http.test_handover import WAIT, _hold_writer, _queued_messages
+from tests.waiting import wait_until
+
+
+@pytest.fixture
+def asgi_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The topics of publishes that went through ASGI (``Publisher.__call__``)."""
+    calls: list[str] = []
+    original = Publisher.__call__
+
+    async def spy(self: Publisher, scope: Any, receive: Any, send: Any, topic: str,
+                  batch: bool) -> None:
+        calls.append(topic)
+        await original(self, scope, receive, send, topic, batch)
+
+    monkeypatch.setattr(Publisher, "__call__", spy)
+    yield calls
+
+
+def _connect(served: Served) -> socket.socket:
+    sock = socket.create_connection((served.server.host, served.server.port), timeout=WAIT)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _read_answers(sock: socket.socket, n: int) -> list[bytes]:
+    """``n`` whole answers (each with a Content-Length), in the order they came."""
+    data = b""
+    answers: list[bytes] = []
+    while len(answers) < n:
+        head_end = data.find(b"\r\n\r\n")
+        if head_end >= 0:
+            head = data[:head_end].lower()
+            length = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
+            end = head_end + 4 + length
+            if len(data) >= end:
+                answers.append(data[:end])
+                data = data[end:]
+                continue
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed after {len(answers)} of {n} answers"
+        data += chunk
+    return answers
+
+
+def _publish(topic: str, body: bytes, *headers: bytes, version: bytes = b"1.1") -> bytes:
+    lines = [b"POST /topics/" + topic.encode() + b" HTTP/" + version, b"Host: x",
+             b"Content-Length: %d" % len(body), *headers]
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+def _values(served: Served, topic: str) -> list[bytes]:
+    return [m.record.value for m in served.messages(topic)]
+
+
+def test_a_publish_that_came_whole_is_answered_without_asgi(
+    served: Served, asgi_calls: list[str]
+) -> None:
+    batch_request = _publish("d", b"[1]", b"Content-Type: x").replace(b"/topics/d ",
+                                                                       b"/topics/d/batch ")
+    with _connect(served) as sock:
+        sock.sendall(_publish("d", b"one"))
+        (single,) = _read_answers(sock, 1)
+        sock.sendall(batch_request)
+        (batch,) = _read_answers(sock, 1)
+    assert single.startswith(b"HTTP/1.1 202 Accepted\r\n")
+    assert b"\r\ndate: " in single  # uvicorn's default headers, as on the ASGI path
+    assert b"\r\nferry-message-id: " in single and b"\r\nhermes-message-id: " in single
+    assert batch.startswith(b"HTTP/1.1 415 ")  # refusals are answered directly too
+    assert asgi_calls == []
+    assert _values(served, "d") == [b"one"]
+    assert served.counter("http_requests", route="publish", status="202") == 1
+    assert served.counter("http_requests", route="batch", status="415") == 1
+    assert served.counter("messages_received", source="http") == 2
+
+
+def test_a_body_still_coming_goes_the_asgi_way_and_is_stored_whole(
+    served: Served, asgi_calls: list[str]
+) -> None:
+    request = _publish("late", b"0123456789")
+    with _connect(served) as sock:
+        sock.sendall(request[:-4])
+        wait_until(lambda: asgi_calls == ["late"], timeout=WAIT,
+                   message="the request handed to ASGI")
+        sock.sendall(request[-4:])
+        (answer,) = _read_answers(sock, 1)
+    assert answer.startswith(b"HTTP/1.1 202 ")
+    assert _values(served, "late") == [b"0123456789"]
+
+
+def test_pipelined_requests_of_both_paths_are_answered_in_order(
+    served: Served, asgi_calls: list[str]
+) -> None:
+    ping = b"GET /status/ping HTTP/1.1\r\nHost: x\r\n\r\n"
+    with _connect(served) as sock:
+        sock.sendall(_publish("p", b"a") + ping + _publish("p", b"b") + _publish("p", b"c"))
+        answers = _read_answers(sock, 4)
+        sock.sendall(_publish("p", b"d"))  # the connection still serves, directly
+        (last,) = _read_answers(sock, 1)
+    assert [a.split(b" ", 2)[1] for a in answers] == [b"202", b"200", b"202", b"202"]
+    assert answers[1].endswith(b"pong")
+    assert last.startswith(b"HTTP/1.1 202 ")
+    assert _values(served, "p") == [b"a", b"b", b"c", b"d"]
+    stored = [keys.id_text(m.id).encode() for m in served.messages("p")]
+    published = [a.split(b"\r\nferry-message-id: ")[1].split(b"\r\n")[0]
+                 for a in (answers[0], *answers[2:], last)]
+    assert published == stored
+
+
+def test_a_publish_behind_one_waiting_for_kafka_is_answered_after_it(
+    serve: Callable[..., Served], asgi_calls: list[str]
+) -> None:
+    """The first publish waits for Kafka (no forwarder here: 202 at its ack_timeout_ms); the
+    one pipelined behind it could be stored and answered at once, but answers go in order."""
+    served = serve(topics={"default": {"ack_timeout_ms": 0},
+                           "waits": {"ack_timeout_ms": 300}})
+    with _connect(served) as sock:
+        sock.sendall(_publish("waits", b"first") + _publish("quick", b"second"))
+        first, second = _read_answers(sock, 2)
+    assert b'"delivered":false' in first and b"second" not in first
+    assert second.startswith(b"HTTP/1.1 202 ")
+    assert _values(served, "waits") == [b"first"] and _values(served, "quick") == [b"second"]
+    assert asgi_calls == ["quick"]  # queued behind the first, the uvicorn way
+
+
+def test_expect_100_continue_is_answered_by_uvicorn(served: Served) -> None:
+    with _connect(served) as sock:
+        sock.sendall(_publish("c", b"", b"Expect: 100-continue").replace(
+            b"Content-Length: 0", b"Content-Length: 4"))
+        assert sock.recv(65536).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        sock.sendall(b"body")
+        (answer,) = _read_answers(sock, 1)
+    assert answer.startswith(b"HTTP/1.1 202 ")
+    assert _values(served, "c") == [b"body"]
+
+
+@pytest.mark.parametrize("request_bytes", [
+    _publish("k", b"v", b"Connection: close"),
+    _publish("k", b"v", version=b"1.0"),
+], ids=["connection-close", "http-1.0"])
+def test_a_client_that_asks_for_close_gets_its_answer_then_the_close(
+    served: Served, asgi_calls: list[str], request_bytes: bytes
+) -> None:
+    with _connect(served) as sock:
+        sock.sendall(request_bytes)
+        answer = _read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 202 ")
+    assert b"\r\nconnection: close\r\n" in answer
+    assert asgi_calls == []
+    assert _values(served, "k") == [b"v"]
+
+
+def test_nothing_behind_an_answer_that_closes_the_connection_is_stored(
+    serve: Callable[..., Served],
+) -> None:
+    served = serve(topics={"default": {"ack_timeout_ms": 0, "max_message_bytes": 8}})
+    chunked = (b"POST /topics/z HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"10\r\n0123456789abcdef\r\n0\r\n\r\n")
+    with _connect(served) as sock:
+        sock.sendall(chunked + _publish("z", b"behind"))
+        answer = _read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 413 ") and answer.count(b"HTTP/1.1 ") == 1
+    assert b"\r\nconnection: close\r\n" in answer
+    # Hand-overs to the writer keep their order: once a later publish is answered, one
+    # handed over before it would be stored too.
+    with _connect(served) as sock:
+        sock.sendall(_publish("later", b"x"))
+        assert _read_answers(sock, 1)[0].startswith(b"HTTP/1.1 202 ")
+    assert _values(served, "z") == []
+
+
+@pytest.mark.parametrize(("path", "topic"), [
+    (b"/topics/q?x=1", "q"),
+    (b"/topics/t%2Dx", "t-x"),
+], ids=["query", "percent-encoded"])
+def test_other_spellings_of_a_publish_path_still_publish(
+    served: Served, asgi_calls: list[str], path: bytes, topic: str
+) -> None:
+    with _connect(served) as sock:
+        sock.sendall(_publish("t", b"v").replace(b"/topics/t", path, 1))
+        (answer,) = _read_answers(sock, 1)
+    assert answer.startswith(b"HTTP/1.1 202 ")
+    assert asgi_calls == [topic]
+    assert _values(served, topic) == [b"v"]
+
+
+def test_stopping_answers_a_direct_publish_in_flight_then_closes(served: Served) -> None:
+    gate = _hold_writer(served)
+    with _connect(served) as sock:
+        sock.sendall(_publish("s", b"in flight"))
+        wait_until(lambda: _queued_messages(served) == 1, timeout=WAIT,
+                   message="the publish queued for the writer")
+        stopper = threading.Thread(target=served.server.stop, args=(WAIT,))
+        stopper.start()
+        wait_until(lambda: not served.runtime.accepting, timeout=WAIT, message="stopping")
+        gate.release.set()
+        answer = _read_until_closed(sock)
+        stopper.join(WAIT)
+    assert not stopper.is_alive()
+    # Answered, whether before or after uvicorn turned keep-alive off; then closed.
+    assert answer.startswith(b"HTTP/1.1 202 ") and answer.count(b"HTTP/1.1 ") == 1
+    assert _values(served, "s") == [b"in flight"]
+
+
+def test_a_client_gone_before_its_commit_leaves_the_server_serving(served: Served) -> None:
+    gate = _hold_writer(served)
+    with _connect(served) as sock:
+        sock.sendall(_publish("g", b"orphan"))
+        wait_until(lambda: _queued_messages(served) == 1, timeout=WAIT,
+                   message="the publish queued for the writer")
+    gate.release.set()
+    # Stored (it was handed over before the client left) and counted like any other.
+    wait_until(lambda: _values(served, "g") == [b"orphan"], timeout=WAIT, message="stored")
+    wait_until(lambda: served.counter("http_requests", route="publish", status="202") == 1,
+               timeout=WAIT, message="counted")
+    with _connect(served) as sock:
+        sock.sendall(_publish("g", b"next"))
+        (answer,) = _read_answers(sock, 1)
+    assert answer.startswith(b"HTTP/1.1 202 ")
