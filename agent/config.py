@@ -83,6 +83,7 @@ class HttpConfig(_Section):
     header_allowlist: list[str] = Field(default_factory=list)
     body_timeout_seconds: float = Field(default=10.0, gt=0)
     header_timeout_seconds: float = Field(default=10.0, gt=0)
+    keep_alive_seconds: float = Field(default=5.0, gt=0)
     # Largest body POST /topics/{topic}/batch takes (413 above); each message of it is still
     # limited by its topic's max_message_bytes.
     max_batch_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)

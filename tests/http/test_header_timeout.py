@@ -1,9 +1,12 @@
 """``http.header_timeout_seconds``: connections that never finish a request's headers are
-closed, so they cannot hold descriptors for good; requests in progress are not affected."""
+closed, so they cannot hold descriptors for good; requests in progress are not affected.
+``http.keep_alive_seconds``: after a response, a connection that sends nothing is closed
+sooner. Both are kept by one timer per connection (protocol.py)."""
 
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Callable
 
 from tests.http.harness import Served
@@ -88,4 +91,34 @@ def test_a_pipelined_request_still_running_is_not_cut_off(serve: Callable[..., S
         sock.sendall(one + b"a" + one + b"b")
         answer = _read_until_closed(sock)
     assert answer.count(b"HTTP/1.1 202 ") == 2
+    assert [m.record.value for m in served.messages("t")] == [b"a", b"b"]
+
+
+def test_a_silent_keep_alive_connection_is_closed_at_the_keep_alive_timeout(
+    serve: Callable[..., Served],
+) -> None:
+    # The header deadline is far away (60 s) and the read gives up after 10 s: only the
+    # keep-alive timeout can close this connection in time.
+    served = serve(http={"header_timeout_seconds": 60, "keep_alive_seconds": 0.3})
+    with _connect(served) as sock:
+        sock.sendall(b"POST /topics/t HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok")
+        answer = _read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 202 ") and answer.count(b"HTTP/1.1 ") == 1
+
+
+def test_a_request_begun_after_a_response_is_not_cut_off_by_the_keep_alive_timeout(
+    serve: Callable[..., Served],
+) -> None:
+    served = serve(http={"header_timeout_seconds": 60, "keep_alive_seconds": 0.3})
+    one = b"POST /topics/t HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n"
+    with _connect(served) as sock:
+        sock.sendall(one + b"a")
+        first = sock.recv(65536)
+        sock.sendall(one[:20])  # the next request begins...
+        # ...and is finished well after the keep-alive timeout: the time passing is what is
+        # under test here, not a wait for something to happen.
+        time.sleep(1.0)
+        sock.sendall(one[20:] + b"b")
+        second = sock.recv(65536)
+    assert first.startswith(b"HTTP/1.1 202 ") and second.startswith(b"HTTP/1.1 202 ")
     assert [m.record.value for m in served.messages("t")] == [b"a", b"b"]

@@ -151,12 +151,15 @@ class HttpProtocol(HttpToolsProtocol):
     headers: each such connection would hold a descriptor for good, and enough of them (a
     slow or broken client, a port scanner) starve the listener. The deadline runs from the
     connection's start, and from each response's end, to the end of the next request's
-    headers.
+    headers. After a response, a connection that sends nothing at all is closed sooner, at
+    uvicorn's keep-alive timeout (``timeout_keep_alive``), as uvicorn would.
 
-    One timer per connection, not per request: a request only notes when the connection
-    started waiting for headers (``_waiting_since``, None while a request is past its
-    headers). When the timer fires it closes the connection if that wait is over the limit,
-    and otherwise sleeps again for what is left of it.
+    One timer per connection for both, not one per request (uvicorn arms and cancels a
+    keep-alive timer per request: measurable at tens of thousands of requests a second): a
+    request only notes when the connection started waiting for headers (``_waiting_since``,
+    None while a request is past its headers) and whether nothing came since a response
+    (``_quiet``). When the timer fires it closes the connection if that wait is over its
+    limit, and otherwise sleeps again for what is left of it.
     """
 
     header_timeout: float = 10.0  # set per server by ``protocol_class``
@@ -164,6 +167,7 @@ class HttpProtocol(HttpToolsProtocol):
     _flusher: _Flusher | None = None  # per server class: one server, one loop
     _header_deadline: asyncio.TimerHandle | None = None
     _waiting_since: float | None = None
+    _quiet = False  # nothing received since the last response
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         loop = asyncio.get_running_loop()
@@ -211,6 +215,7 @@ class HttpProtocol(HttpToolsProtocol):
                 functools.partial(self._reply, cycle))
 
     def data_received(self, data: bytes) -> None:
+        self._quiet = False
         super().data_received(data)
         cycle: Any = self.cycle
         if (type(cycle) is _Direct and cycle.parts is not None
@@ -274,13 +279,19 @@ class HttpProtocol(HttpToolsProtocol):
             transport.close()
         self.on_response_complete()
 
-    def on_response_complete(self) -> None:  # uvicorn's, or after ``_reply``
-        # uvicorn starts the next pipelined request here, if one is waiting: its headers are
-        # in, and it runs now, so there are no headers to wait for until it has answered.
-        pipelined = bool(self.pipeline)
-        super().on_response_complete()
-        if not pipelined and not self.transport.is_closing():
-            self._wait_for_headers()
+    def on_response_complete(self) -> None:  # after an ASGI answer, or ``_reply``
+        # uvicorn's, but for its per-response keep-alive timer (see the class's docstring).
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            # The next pipelined request starts now: its headers are in, so there are no
+            # headers to wait for until it has answered.
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        else:
+            self._wait_for_headers(after_response=True)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._header_deadline is not None:
@@ -288,18 +299,29 @@ class HttpProtocol(HttpToolsProtocol):
             self._header_deadline = None
         super().connection_lost(exc)
 
-    def _wait_for_headers(self) -> None:
-        self._waiting_since = self.loop.time()
-        if self._header_deadline is None:
-            self._header_deadline = self.loop.call_later(self.header_timeout,
-                                                         self._check_headers)
+    def _wait_for_headers(self, after_response: bool = False) -> None:
+        now = self.loop.time()
+        self._waiting_since = now
+        self._quiet = after_response
+        deadline = self._header_deadline
+        if deadline is not None:
+            if not after_response or deadline.when() <= now + self._limit():
+                return  # the timer comes in time and checks the wait as it is then
+            deadline.cancel()
+        self._header_deadline = self.loop.call_later(self._limit(), self._check_headers)
+
+    def _limit(self) -> float:
+        """How long the current wait may last."""
+        if self._quiet:
+            return min(self.header_timeout, self.timeout_keep_alive)
+        return self.header_timeout
 
     def _check_headers(self) -> None:
         self._header_deadline = None
         since = self._waiting_since
         if since is None or self.transport.is_closing():
             return  # a request is past its headers; its response starts the next wait
-        left = since + self.header_timeout - self.loop.time()
+        left = since + self._limit() - self.loop.time()
         if left > 0:
             self._header_deadline = self.loop.call_later(left, self._check_headers)
         else:

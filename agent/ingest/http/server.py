@@ -113,6 +113,7 @@ class HttpServer:
             log_config=None,
             access_log=False,
             server_header=False,
+            timeout_keep_alive=cfg.keep_alive_seconds,  # type: ignore[arg-type]
             backlog=BACKLOG,
             timeout_graceful_shutdown=math.ceil(self.graceful_timeout),
         )
