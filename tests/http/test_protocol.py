@@ -7,6 +7,7 @@ Which path served a request is observed with a spy on the ASGI entry (``Publishe
 
 from __future__ import annotations
 
+import gc
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from agent.buffer import keys
+from agent.ingest.http.protocol import _Direct
 from agent.ingest.http.publish import Publisher
 from tests.http.harness import Served
 from tests.http.test_handover import WAIT, _hold_writer, _queued_messages
@@ -243,3 +245,69 @@ def test_a_client_gone_before_its_commit_leaves_the_server_serving(served: Serve
         sock.sendall(_publish("g", b"next"))
         (answer,) = _read_answers(sock, 1)
     assert answer.startswith(b"HTTP/1.1 202 ")
+
+
+def test_a_long_keep_alive_connection_does_not_keep_its_past_requests(served: Served) -> None:
+    def alive() -> int:
+        return sum(type(o) is _Direct for o in gc.get_objects())
+
+    with _connect(served) as sock:
+        for i in range(30):
+            sock.sendall(_publish("kept", b"%d" % i))
+            _read_answers(sock, 1)
+        # The last request stays where uvicorn keeps the current one; not its predecessors.
+        assert 1 <= alive() <= 2
+    assert len(_values(served, "kept")) == 30
+
+
+def test_a_refusal_answered_at_once_does_not_time_out_the_request_behind_it(
+    serve: Callable[..., Served],
+) -> None:
+    """The first request is refused while its read is parsed; the one pipelined behind it
+    waits 1 s for Kafka (no forwarder: 202 then), past the 0.3 s keep-alive timeout, which
+    must not close the connection under it."""
+    served = serve(http={"keep_alive_seconds": 0.3},
+                   topics={"default": {"ack_timeout_ms": 0}, "waits": {"ack_timeout_ms": 1000}})
+    with _connect(served) as sock:
+        sock.sendall(_publish("bad!topic", b"x") + _publish("waits", b"kept"))
+        refused, stored = _read_answers(sock, 2)
+    assert refused.startswith(b"HTTP/1.1 400 ") and stored.startswith(b"HTTP/1.1 202 ")
+    assert _values(served, "waits") == [b"kept"]
+
+
+def test_no_request_behind_an_answer_that_closed_the_connection_is_run(
+    serve: Callable[..., Served],
+) -> None:
+    served = serve(topics={"default": {"ack_timeout_ms": 0, "max_message_bytes": 8}})
+    chunked = (b"POST /topics/z HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"10\r\n0123456789abcdef\r\n0\r\n\r\n")
+    ping = b"GET /status/ping HTTP/1.1\r\nHost: x\r\n\r\n"
+    with _connect(served) as sock:  # behind it: the ASGI way, both a probe and a publish
+        sock.sendall(chunked + ping + _publish("q", b"v").replace(b"/topics/q", b"/topics/q?a"))
+        answer = _read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 413 ") and answer.count(b"HTTP/1.1 ") == 1
+    with _connect(served) as sock:  # answered after anything handed over before it
+        sock.sendall(_publish("later", b"x"))
+        assert _read_answers(sock, 1)[0].startswith(b"HTTP/1.1 202 ")
+    assert _values(served, "q") == []
+    assert served.counter("http_requests", route="/status/ping") == 0
+    assert served.counter("http_requests", status="499") == 0
+
+
+def test_stopping_waits_for_a_direct_publish_whose_client_has_gone(served: Served) -> None:
+    gate = _hold_writer(served)
+    with _connect(served) as sock:
+        sock.sendall(_publish("gone", b"stored"))
+        wait_until(lambda: _queued_messages(served) == 1, timeout=WAIT,
+                   message="the publish queued for the writer")
+    stopper = threading.Thread(target=served.server.stop, args=(WAIT,))
+    stopper.start()
+    stopper.join(1.0)
+    assert stopper.is_alive(), "the server stopped with a publish still being stored"
+    gate.release.set()
+    stopper.join(WAIT)
+    assert not stopper.is_alive()
+    # Stored, and counted as received and answered, like a publish whose client stayed.
+    assert _values(served, "gone") == [b"stored"]
+    assert served.counter("http_requests", route="publish", status="202") == 1
+    assert served.counter("messages_received", source="http") == 1

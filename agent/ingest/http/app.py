@@ -77,6 +77,10 @@ class FerryApp:
                     return
         await self.framework(scope, receive, send)
 
+    def in_flight(self) -> int:
+        """Work the server must wait for at shutdown besides its connections and tasks."""
+        return self.publisher.direct_in_flight
+
     def drain(self) -> None:
         """Shutdown began: stop holding requests for Kafka acknowledgements."""
         self.publisher.release_waits()

@@ -142,6 +142,14 @@ class _Direct:
         self.response_complete = False
         self.disconnected = False
 
+    @classmethod
+    def ignored(cls) -> _Direct:
+        """A request that is neither run nor answered."""
+        cycle = cls("", False, None, False)
+        cycle.parts = None
+        cycle.response_complete = True
+        return cycle
+
 
 class HttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, corked, with a header deadline and direct publishes.
@@ -180,6 +188,12 @@ class HttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._waiting_since = None
+        if self.transport.is_closing():
+            # An answer given within this read closed the connection, and the parser goes
+            # on through what was pipelined behind it: nobody could be told what became of
+            # this request, so it is not run, whichever way it would have gone.
+            self.cycle = _Direct.ignored()  # type: ignore[assignment]
+            return
         direct = self._direct()
         if direct is None:
             super().on_headers_complete()
@@ -203,11 +217,7 @@ class HttpProtocol(HttpToolsProtocol):
         if parts is None:
             return
         cycle.parts = None
-        if self.transport.is_closing():
-            # An earlier answer closed the connection (pipelined requests behind it): nobody
-            # could be told this one was stored, so it is not.
-            cycle.response_complete = True
-            return
+        cycle.previous = None  # or every direct publish of a connection stays referenced
         body = parts[0] if len(parts) == 1 else b"".join(parts)
         publish = self.publish_direct
         assert publish is not None
@@ -224,8 +234,9 @@ class HttpProtocol(HttpToolsProtocol):
 
     def _direct(self) -> _Direct | None:
         """A ``_Direct`` for this request if it is a publish that may go without ASGI."""
-        if self.publish_direct is None or self.expect_100_continue or self.pipeline:
-            return None
+        if (self.publish_direct is None or self.expect_100_continue or self.pipeline
+                or self.flow.write_paused):
+            return None  # the last: the client is not reading; uvicorn's send() waits
         previous = self.cycle
         if previous is not None and not previous.response_complete:
             return None  # a request before it is still being answered: keep the order

@@ -100,6 +100,10 @@ class Publisher:
         self._inflight: dict[bytes, asyncio.Future[None]] = {}
         # Requests of this loop iteration waiting to be handed to the writer together.
         self._queue: list[tuple[list[Record], _Derive | None, Callable[[Any], None]]] = []
+        # Direct publishes on callbacks, and on tasks (held here: the loop keeps only weak
+        # references to tasks), not answered yet.
+        self._direct_pending = 0
+        self._tasks: set[asyncio.Task[_Outcome]] = set()
 
     # -- loop binding ----------------------------------------------------------------------
     def _bind(self) -> tuple[CompletionBridge, DeliveryWatcher]:
@@ -113,6 +117,8 @@ class Publisher:
                                             active=lambda: self.runtime.accepting)
             self._inflight = {}
             self._queue = []
+            self._direct_pending = 0
+            self._tasks = set()
             self.counters.detach()
         return self._bridge, self._watcher
 
@@ -167,19 +173,29 @@ class Publisher:
                 raise _body_too_large(request.limit, topic, batch)
             if request.ikey is not None or self._waits_for_kafka(request.settings):
                 task = asyncio.get_running_loop().create_task(self._store(request, body))
+                self._tasks.add(task)
                 task.add_done_callback(functools.partial(self._stored, request, reply))
                 return
             records = self._records(request, body)
             self._rate_limit(request, len(records))
             self._enqueue(records, None,
                           functools.partial(self._committed, request, len(records), reply))
+            self._direct_pending += 1
         except Exception as exc:  # noqa: BLE001 - refusals, and bugs (500, logged)
             status, out_headers, answer = self._refused(exc, topic)
             self.counters.add_key(_REQUESTS[batch][status])
             reply(status, out_headers, answer)
 
+    @property
+    def direct_in_flight(self) -> int:
+        """Direct publishes handed over and not answered yet. uvicorn's graceful shutdown
+        waits for its connections and its tasks; a direct publish whose client has gone has
+        neither, so the server waits for this to reach 0 too (its answer is counted)."""
+        return self._direct_pending + len(self._tasks)
+
     def _committed(self, request: _Request, n: int, reply: Reply, result: Any) -> None:
         """On the loop: the writer's result for a direct publish; answer it."""
+        self._direct_pending -= 1
         try:
             ids = _ids(result, n)
             status, headers, body = self._received(
@@ -191,6 +207,7 @@ class Publisher:
 
     def _stored(self, request: _Request, reply: Reply, task: asyncio.Task[_Outcome]) -> None:
         """On the loop: a direct publish that took the coroutine (``_store``) is done."""
+        self._tasks.discard(task)
         if task.cancelled():
             return  # the loop is shutting down: the connection goes with it
         exc = task.exception()

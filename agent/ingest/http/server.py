@@ -22,6 +22,7 @@ import logging
 import math
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -53,15 +54,23 @@ class HttpBindError(RuntimeError):
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, telling us once it is serving."""
+    """uvicorn's server, telling us once it is serving, and waiting at shutdown for the
+    app's own work in progress (``in_flight``: direct publishes, see protocol.py) as it
+    waits for connections and its tasks (within ``timeout_graceful_shutdown``)."""
 
-    def __init__(self, config: uvicorn.Config) -> None:
+    def __init__(self, config: uvicorn.Config, in_flight: Callable[[], int]) -> None:
         super().__init__(config)
         self.serving = threading.Event()
+        self.in_flight = in_flight
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
         self.serving.set()
+
+    async def _wait_tasks_to_complete(self) -> None:
+        await super()._wait_tasks_to_complete()
+        while self.in_flight() and not self.force_exit:
+            await asyncio.sleep(0.01)
 
 
 class HttpServer:
@@ -117,7 +126,8 @@ class HttpServer:
             backlog=BACKLOG,
             timeout_graceful_shutdown=math.ceil(self.graceful_timeout),
         )
-        server = self._server = _Server(config)
+        in_flight = getattr(self.app, "in_flight", None)
+        server = self._server = _Server(config, in_flight if callable(in_flight) else _none)
         thread = self._thread = threading.Thread(
             target=self._run, args=(server, sock), name="http-server", daemon=True)
         thread.start()
@@ -157,6 +167,10 @@ class HttpServer:
         if self._sock is not None:
             self._sock.close()
         log.info("HTTP server stopped")
+
+
+def _none() -> int:
+    return 0
 
 
 def _tune_gc() -> None:
