@@ -85,7 +85,7 @@ def serve(root: str, conn: Connection, linger_ms: float | None = None,
     conn.send(server.port)
     while conn.recv() == "cpu":  # until "stop": CPU seconds this process used so far
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        conn.send(usage.ru_utime + usage.ru_stime)
+        conn.send((usage.ru_utime + usage.ru_stime, _thread_cpu()))
     server.stop()
     committer.close()
     view = registry.view()
@@ -97,6 +97,25 @@ def serve(root: str, conn: Connection, linger_ms: float | None = None,
         "rss_kb": _rss_kb(os.getpid()),
     })
     store.close()
+
+
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds per thread name of this process, from /proc: user time as "<name>",
+    system time as "<name> sys"."""
+    import threading
+
+    tick = os.sysconf("SC_CLK_TCK")
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            name = names.get(int(task.name), "other")
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended
+        for kind, field in (("", 11), (" sys", 12)):  # utime, stime
+            out[name + kind] = out.get(name + kind, 0.0) + int(fields[field]) / tick
+    return out
 
 
 def _rss_kb(pid: int) -> int:
@@ -359,13 +378,21 @@ def main() -> None:
         try:
             for mode in modes:
                 parent.send("cpu")
-                before = parent.recv()
+                before, threads_before = parent.recv()
                 result = run_mode(port, mode, args)
                 parent.send("cpu")
-                used = parent.recv() - before
+                after, threads_after = parent.recv()
+                used = after - before
                 # CPU the server spent per request: what the machine's other load cannot skew.
                 result["server_cpu_us_per_request"] = round(used / result["requests"] * 1e6, 1)
                 result["server_cpu_busy"] = round(used / result["elapsed_s"], 2)
+                # ...and per thread: the event loop ("http-server") and the buffer writer
+                # share one GIL, so their sum is what bounds the rate.
+                result["thread_cpu_us_per_request"] = {
+                    name: round((t - threads_before.get(name, 0.0)) / result["requests"] * 1e6,
+                                1)
+                    for name, t in sorted(threads_after.items())
+                    if t - threads_before.get(name, 0.0) > 0.05}
                 total_acked += result["acknowledged_messages"]
                 print(json.dumps(result))
         finally:

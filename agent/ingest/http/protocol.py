@@ -89,6 +89,14 @@ class _CorkedTransport:
                 return  # the peer went away (reset) before its answer left: nobody to tell
             self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
 
+    def write_now(self, data: bytes) -> None:
+        """Write at once: one write that is a whole answer needs no corking. Writes of this
+        iteration still waiting go first (they answered earlier requests)."""
+        if self._pending:
+            self.write(data)
+        else:
+            self._transport.write(data)
+
     def close(self) -> None:
         self.flush()
         self._transport.close()
@@ -186,6 +194,22 @@ class HttpProtocol(HttpToolsProtocol):
         super().connection_made(corked)  # type: ignore[arg-type]
         self._wait_for_headers()
 
+    def on_message_begin(self) -> None:
+        # uvicorn's, but the ASGI scope is built only for a request that goes the ASGI way
+        # (``_asgi_scope``): a direct publish never reads it.
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+        self.scope = None  # type: ignore[assignment]
+
+    def _asgi_scope(self) -> None:
+        """Build this request's ASGI scope (uvicorn's ``on_message_begin``), keeping what the
+        parser has told so far."""
+        url, headers, expect = self.url, self.headers, self.expect_100_continue
+        super().on_message_begin()
+        self.url, self.headers, self.expect_100_continue = url, headers, expect
+        self.scope["headers"] = headers
+
     def on_headers_complete(self) -> None:
         self._waiting_since = None
         if self.transport.is_closing():
@@ -196,6 +220,7 @@ class HttpProtocol(HttpToolsProtocol):
             return
         direct = self._direct()
         if direct is None:
+            self._asgi_scope()
             super().on_headers_complete()
         else:
             self.cycle = direct  # type: ignore[assignment]
@@ -262,6 +287,7 @@ class HttpProtocol(HttpToolsProtocol):
         always gone (its body deadline applies there)."""
         parts = cycle.parts or []
         self.cycle = cycle.previous
+        self._asgi_scope()
         super().on_headers_complete()
         for part in parts:
             super().on_body(part)
@@ -285,7 +311,7 @@ class HttpProtocol(HttpToolsProtocol):
         if not keep_alive and not said_close:
             out.append(_CONNECTION_CLOSE)
         out += (b"\r\n", body)
-        transport.write(b"".join(out))
+        transport.write_now(b"".join(out))  # type: ignore[attr-defined]
         if not keep_alive:
             transport.close()
         self.on_response_complete()
