@@ -9,6 +9,8 @@ import socket
 import time
 from collections.abc import Callable
 
+import pytest
+
 from tests.http.harness import Served
 
 
@@ -122,3 +124,41 @@ def test_a_request_begun_after_a_response_is_not_cut_off_by_the_keep_alive_timeo
         second = sock.recv(65536)
     assert first.startswith(b"HTTP/1.1 202 ") and second.startswith(b"HTTP/1.1 202 ")
     assert [m.record.value for m in served.messages("t")] == [b"a", b"b"]
+
+
+@pytest.mark.parametrize("first", [
+    b"POST /topics/bad!topic HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx",  # refused
+    b"POST /topics/t HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx",  # stored
+], ids=["behind-a-refusal", "behind-a-publish"])
+def test_a_request_begun_before_the_answer_before_it_gets_the_header_deadline(
+    serve: Callable[..., Served], first: bytes
+) -> None:
+    """The second request's first bytes come with the first request: when the first is
+    answered, the connection is not idle, so the keep-alive timeout (0.3 s) must not close
+    it while the rest of the second request's headers take 1 s to come."""
+    served = serve(http={"header_timeout_seconds": 60, "keep_alive_seconds": 0.3})
+    ping = b"GET /status/ping HTTP/1.1\r\nHost: x\r\n\r\n"
+    with _connect(served) as sock:
+        sock.sendall(first + ping[:20])
+        time.sleep(1.0)  # a slow client: the time passing is what is under test
+        sock.sendall(ping[20:])
+        answers = _read_until_closed(sock)  # closed by the keep-alive timeout at the end
+    assert answers.count(b"HTTP/1.1 ") == 2 and answers.endswith(b"pong")
+
+
+def test_an_upload_answered_early_is_not_cut_off_by_the_deadlines(
+    serve: Callable[..., Served],
+) -> None:
+    """A publish refused by its headers (bad topic name) is answered at once while its
+    declared body is still being uploaded; the rest is read and dropped. Neither the header
+    deadline nor the keep-alive timeout may close the connection during that upload."""
+    served = serve(http={"header_timeout_seconds": 0.4, "keep_alive_seconds": 0.2})
+    chunk = b"a" * 1000
+    with _connect(served) as sock:
+        sock.sendall(b"POST /topics/bad!topic HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                     b"%d\r\n\r\n" % (len(chunk) * 9) + chunk)
+        for _ in range(8):
+            time.sleep(0.15)  # a slow upload, 1.2 s in all: longer than both limits
+            sock.sendall(chunk)  # raises (EPIPE / reset) if the server closed
+        answer = _read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 400 ") and answer.count(b"HTTP/1.1 ") == 1

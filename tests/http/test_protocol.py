@@ -294,10 +294,16 @@ def test_no_request_behind_an_answer_that_closed_the_connection_is_run(
     assert served.counter("http_requests", status="499") == 0
 
 
-def test_stopping_waits_for_a_direct_publish_whose_client_has_gone(served: Served) -> None:
+@pytest.mark.parametrize("headers", [(), (b"Idempotency-Key: k-1",)],
+                         ids=["on-callbacks", "as-a-task"])
+def test_stopping_waits_for_a_direct_publish_whose_client_has_gone(
+    served: Served, headers: tuple[bytes, ...]
+) -> None:
+    # The server is fresh: this is the first publish it sees (the publisher binds to the
+    # loop with it), with the writer held so that its commit cannot come back in time.
     gate = _hold_writer(served)
     with _connect(served) as sock:
-        sock.sendall(_publish("gone", b"stored"))
+        sock.sendall(_publish("gone", b"stored", *headers))
         wait_until(lambda: _queued_messages(served) == 1, timeout=WAIT,
                    message="the publish queued for the writer")
     stopper = threading.Thread(target=served.server.stop, args=(WAIT,))

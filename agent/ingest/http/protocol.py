@@ -184,6 +184,8 @@ class HttpProtocol(HttpToolsProtocol):
     _header_deadline: asyncio.TimerHandle | None = None
     _waiting_since: float | None = None
     _quiet = False  # nothing received since the last response
+    # What the parser is in the middle of: None (between requests), "headers" or "body".
+    _reading: str | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         loop = asyncio.get_running_loop()
@@ -201,6 +203,7 @@ class HttpProtocol(HttpToolsProtocol):
         self.expect_100_continue = False
         self.headers = []
         self.scope = None  # type: ignore[assignment]
+        self._reading = "headers"
 
     def _asgi_scope(self) -> None:
         """Build this request's ASGI scope (uvicorn's ``on_message_begin``), keeping what the
@@ -212,6 +215,7 @@ class HttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._waiting_since = None
+        self._reading = "body"
         if self.transport.is_closing():
             # An answer given within this read closed the connection, and the parser goes
             # on through what was pipelined behind it: nobody could be told what became of
@@ -234,9 +238,14 @@ class HttpProtocol(HttpToolsProtocol):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._reading = None
         cycle: Any = self.cycle
         if type(cycle) is not _Direct:
             super().on_message_complete()
+            if cycle is not None and cycle.response_complete and not self.pipeline:
+                # Answered before its body was all in (a refusal): the wait for the next
+                # request starts now, not at that answer (on_response_complete).
+                self._wait_for_headers(after_response=True)
             return
         parts = cycle.parts
         if parts is None:
@@ -252,6 +261,8 @@ class HttpProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         self._quiet = False
         super().data_received(data)
+        if self._reading is not None:
+            self._quiet = False  # a request began after an answer given within this read
         cycle: Any = self.cycle
         if (type(cycle) is _Direct and cycle.parts is not None
                 and not self.transport.is_closing()):
@@ -327,8 +338,14 @@ class HttpProtocol(HttpToolsProtocol):
             # headers to wait for until it has answered.
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
-        else:
+        elif self._reading is None:
             self._wait_for_headers(after_response=True)
+        elif self._reading == "headers":
+            # The next request has begun (pipelined): its headers get the header deadline
+            # from now, not the keep-alive timeout.
+            self._wait_for_headers()
+        # else: the body of the request just answered is still coming; its end starts the
+        # wait (on_message_complete), so the deadline never runs during an upload.
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._header_deadline is not None:

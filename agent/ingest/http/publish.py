@@ -111,14 +111,16 @@ class Publisher:
         if self._loop is not loop or self._bridge is None or self._watcher is None:
             if self._watcher is not None:
                 self._watcher.close()
+            if self._loop is not None:
+                # Another loop: what was pending on the old one will never complete here.
+                self._inflight = {}
+                self._queue = []
+                self._direct_pending = 0
+                self._tasks = set()
             self._loop = loop
             self._bridge = CompletionBridge(loop)
             self._watcher = DeliveryWatcher(self.locate, interval=self.poll_interval,
                                             active=lambda: self.runtime.accepting)
-            self._inflight = {}
-            self._queue = []
-            self._direct_pending = 0
-            self._tasks = set()
             self.counters.detach()
         return self._bridge, self._watcher
 
@@ -167,6 +169,8 @@ class Publisher:
         callbacks: ``reply`` is called once the commit is durable, or at once for a refusal.
         The rest keeps the coroutine, as its own task.
         """
+        if self._loop is None:
+            self._bind()  # before any task is counted in direct_in_flight
         try:
             request = self._check(topic, headers, batch)
             if len(body) > request.limit:
