@@ -315,6 +315,7 @@ def test_an_unknown_field_is_named(tmp_path: Path, text: str, field: str) -> Non
         ('[forwarder]\ncompression = "brotli"\n', "forwarder.compression"),
         ('[spool]\nafter_ingest = "keep"\n', "spool.after_ingest"),
         ("[buffer]\ncommit_interval_ms = 5000\n", "buffer.commit_interval_ms"),
+        ("[http]\nkeep_alive_seconds = 0\n", "http.keep_alive_seconds"),
         ('log_level = "loud"\n', "log_level"),
     ],
 )

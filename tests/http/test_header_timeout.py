@@ -5,26 +5,13 @@ sooner. Both are kept by one timer per connection (protocol.py)."""
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 
 import pytest
 
+from tests.http import raw
 from tests.http.harness import Served
-
-
-def _connect(served: Served) -> socket.socket:
-    sock = socket.create_connection((served.server.host, served.server.port), timeout=10)
-    return sock
-
-
-def _read_until_closed(sock: socket.socket) -> bytes:
-    """Everything the server sends until it closes the connection (blocking reads)."""
-    chunks = []
-    while chunk := sock.recv(65536):
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _serve(serve: Callable[..., Served]) -> Served:
@@ -33,17 +20,17 @@ def _serve(serve: Callable[..., Served]) -> Served:
 
 def test_a_connection_that_sends_nothing_is_closed(serve: Callable[..., Served]) -> None:
     served = _serve(serve)
-    with _connect(served) as sock:
-        assert _read_until_closed(sock) == b""
+    with raw.connect(served) as sock:
+        assert raw.read_until_closed(sock) == b""
 
 
 def test_a_request_whose_headers_never_finish_is_closed_unanswered(
     serve: Callable[..., Served],
 ) -> None:
     served = _serve(serve)
-    with _connect(served) as sock:
+    with raw.connect(served) as sock:
         sock.sendall(b"POST /topics/t HTTP/1.1\r\nHost: x\r\n")
-        assert _read_until_closed(sock) == b""
+        assert raw.read_until_closed(sock) == b""
     assert served.store.topic_stats() == []
 
 
@@ -51,9 +38,9 @@ def test_an_idle_keep_alive_connection_is_closed_after_its_response(
     serve: Callable[..., Served],
 ) -> None:
     served = _serve(serve)
-    with _connect(served) as sock:
+    with raw.connect(served) as sock:
         sock.sendall(b"POST /topics/t HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok")
-        answer = _read_until_closed(sock)
+        answer = raw.read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 202 ")
     assert [m.record.value for m in served.messages("t")] == [b"ok"]
 
@@ -64,9 +51,9 @@ def test_a_slow_body_is_the_body_timeout_s_business_not_the_header_deadline(
     """Headers complete, body never comes: the answer is the documented 408, which only
     arrives after the header deadline has passed, so the deadline was cancelled in time."""
     served = _serve(serve)
-    with _connect(served) as sock:
+    with raw.connect(served) as sock:
         sock.sendall(b"POST /topics/t HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
-        answer = _read_until_closed(sock)
+        answer = raw.read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 408 ")
     assert b"request_timeout" in answer
     assert served.store.topic_stats() == []
@@ -75,9 +62,9 @@ def test_a_slow_body_is_the_body_timeout_s_business_not_the_header_deadline(
 def test_pipelined_requests_are_all_answered(serve: Callable[..., Served]) -> None:
     served = _serve(serve)
     one = b"POST /topics/t HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n"
-    with _connect(served) as sock:
+    with raw.connect(served) as sock:
         sock.sendall(one + b"a" + one + b"b" + one + b"c")
-        answer = _read_until_closed(sock)
+        answer = raw.read_until_closed(sock)
     assert answer.count(b"HTTP/1.1 202 ") == 3
     assert [m.record.value for m in served.messages("t")] == [b"a", b"b", b"c"]
 
@@ -89,9 +76,9 @@ def test_a_pipelined_request_still_running_is_not_cut_off(serve: Callable[..., S
     served = serve(http={"header_timeout_seconds": 0.3},
                    topics={"default": {"ack_timeout_ms": 800}})
     one = b"POST /topics/t HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n"
-    with _connect(served) as sock:
+    with raw.connect(served) as sock:
         sock.sendall(one + b"a" + one + b"b")
-        answer = _read_until_closed(sock)
+        answer = raw.read_until_closed(sock)
     assert answer.count(b"HTTP/1.1 202 ") == 2
     assert [m.record.value for m in served.messages("t")] == [b"a", b"b"]
 
@@ -102,9 +89,9 @@ def test_a_silent_keep_alive_connection_is_closed_at_the_keep_alive_timeout(
     # The header deadline is far away (60 s) and the read gives up after 10 s: only the
     # keep-alive timeout can close this connection in time.
     served = serve(http={"header_timeout_seconds": 60, "keep_alive_seconds": 0.3})
-    with _connect(served) as sock:
+    with raw.connect(served) as sock:
         sock.sendall(b"POST /topics/t HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok")
-        answer = _read_until_closed(sock)
+        answer = raw.read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 202 ") and answer.count(b"HTTP/1.1 ") == 1
 
 
@@ -113,15 +100,15 @@ def test_a_request_begun_after_a_response_is_not_cut_off_by_the_keep_alive_timeo
 ) -> None:
     served = serve(http={"header_timeout_seconds": 60, "keep_alive_seconds": 0.3})
     one = b"POST /topics/t HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n"
-    with _connect(served) as sock:
+    with raw.connect(served) as sock:
         sock.sendall(one + b"a")
-        first = sock.recv(65536)
+        (first,) = raw.read_answers(sock, 1)
         sock.sendall(one[:20])  # the next request begins...
         # ...and is finished well after the keep-alive timeout: the time passing is what is
         # under test here, not a wait for something to happen.
         time.sleep(1.0)
         sock.sendall(one[20:] + b"b")
-        second = sock.recv(65536)
+        (second,) = raw.read_answers(sock, 1)
     assert first.startswith(b"HTTP/1.1 202 ") and second.startswith(b"HTTP/1.1 202 ")
     assert [m.record.value for m in served.messages("t")] == [b"a", b"b"]
 
@@ -138,11 +125,11 @@ def test_a_request_begun_before_the_answer_before_it_gets_the_header_deadline(
     it while the rest of the second request's headers take 1 s to come."""
     served = serve(http={"header_timeout_seconds": 60, "keep_alive_seconds": 0.3})
     ping = b"GET /status/ping HTTP/1.1\r\nHost: x\r\n\r\n"
-    with _connect(served) as sock:
+    with raw.connect(served) as sock:
         sock.sendall(first + ping[:20])
         time.sleep(1.0)  # a slow client: the time passing is what is under test
         sock.sendall(ping[20:])
-        answers = _read_until_closed(sock)  # closed by the keep-alive timeout at the end
+        answers = raw.read_until_closed(sock)  # closed by the keep-alive timeout at the end
     assert answers.count(b"HTTP/1.1 ") == 2 and answers.endswith(b"pong")
 
 
@@ -154,11 +141,11 @@ def test_an_upload_answered_early_is_not_cut_off_by_the_deadlines(
     deadline nor the keep-alive timeout may close the connection during that upload."""
     served = serve(http={"header_timeout_seconds": 0.4, "keep_alive_seconds": 0.2})
     chunk = b"a" * 1000
-    with _connect(served) as sock:
+    with raw.connect(served) as sock:
         sock.sendall(b"POST /topics/bad!topic HTTP/1.1\r\nHost: x\r\nContent-Length: "
                      b"%d\r\n\r\n" % (len(chunk) * 9) + chunk)
         for _ in range(8):
             time.sleep(0.15)  # a slow upload, 1.2 s in all: longer than both limits
             sock.sendall(chunk)  # raises (EPIPE / reset) if the server closed
-        answer = _read_until_closed(sock)
+        answer = raw.read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 400 ") and answer.count(b"HTTP/1.1 ") == 1

@@ -8,7 +8,6 @@ Which path served a request is observed with a spy on the ASGI entry (``Publishe
 from __future__ import annotations
 
 import gc
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 from agent.buffer import keys
 from agent.ingest.http.protocol import _Direct
 from agent.ingest.http.publish import Publisher
+from tests.http import raw
 from tests.http.harness import Served
 from tests.http.test_handover import WAIT, _hold_writer, _queued_messages
 from tests.waiting import wait_until
@@ -38,45 +38,6 @@ def asgi_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     yield calls
 
 
-def _connect(served: Served) -> socket.socket:
-    sock = socket.create_connection((served.server.host, served.server.port), timeout=WAIT)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
-def _read_until_closed(sock: socket.socket) -> bytes:
-    chunks = []
-    while chunk := sock.recv(65536):
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _read_answers(sock: socket.socket, n: int) -> list[bytes]:
-    """``n`` whole answers (each with a Content-Length), in the order they came."""
-    data = b""
-    answers: list[bytes] = []
-    while len(answers) < n:
-        head_end = data.find(b"\r\n\r\n")
-        if head_end >= 0:
-            head = data[:head_end].lower()
-            length = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
-            end = head_end + 4 + length
-            if len(data) >= end:
-                answers.append(data[:end])
-                data = data[end:]
-                continue
-        chunk = sock.recv(65536)
-        assert chunk, f"connection closed after {len(answers)} of {n} answers"
-        data += chunk
-    return answers
-
-
-def _publish(topic: str, body: bytes, *headers: bytes, version: bytes = b"1.1") -> bytes:
-    lines = [b"POST /topics/" + topic.encode() + b" HTTP/" + version, b"Host: x",
-             b"Content-Length: %d" % len(body), *headers]
-    return b"\r\n".join(lines) + b"\r\n\r\n" + body
-
-
 def _values(served: Served, topic: str) -> list[bytes]:
     return [m.record.value for m in served.messages(topic)]
 
@@ -84,13 +45,13 @@ def _values(served: Served, topic: str) -> list[bytes]:
 def test_a_publish_that_came_whole_is_answered_without_asgi(
     served: Served, asgi_calls: list[str]
 ) -> None:
-    batch_request = _publish("d", b"[1]", b"Content-Type: x").replace(b"/topics/d ",
+    batch_request = raw.publish("d", b"[1]", b"Content-Type: x").replace(b"/topics/d ",
                                                                        b"/topics/d/batch ")
-    with _connect(served) as sock:
-        sock.sendall(_publish("d", b"one"))
-        (single,) = _read_answers(sock, 1)
+    with raw.connect(served) as sock:
+        sock.sendall(raw.publish("d", b"one"))
+        (single,) = raw.read_answers(sock, 1)
         sock.sendall(batch_request)
-        (batch,) = _read_answers(sock, 1)
+        (batch,) = raw.read_answers(sock, 1)
     assert single.startswith(b"HTTP/1.1 202 Accepted\r\n")
     assert b"\r\ndate: " in single  # uvicorn's default headers, as on the ASGI path
     assert b"\r\nferry-message-id: " in single and b"\r\nhermes-message-id: " in single
@@ -105,13 +66,13 @@ def test_a_publish_that_came_whole_is_answered_without_asgi(
 def test_a_body_still_coming_goes_the_asgi_way_and_is_stored_whole(
     served: Served, asgi_calls: list[str]
 ) -> None:
-    request = _publish("late", b"0123456789")
-    with _connect(served) as sock:
+    request = raw.publish("late", b"0123456789")
+    with raw.connect(served) as sock:
         sock.sendall(request[:-4])
         wait_until(lambda: asgi_calls == ["late"], timeout=WAIT,
                    message="the request handed to ASGI")
         sock.sendall(request[-4:])
-        (answer,) = _read_answers(sock, 1)
+        (answer,) = raw.read_answers(sock, 1)
     assert answer.startswith(b"HTTP/1.1 202 ")
     assert _values(served, "late") == [b"0123456789"]
 
@@ -120,11 +81,12 @@ def test_pipelined_requests_of_both_paths_are_answered_in_order(
     served: Served, asgi_calls: list[str]
 ) -> None:
     ping = b"GET /status/ping HTTP/1.1\r\nHost: x\r\n\r\n"
-    with _connect(served) as sock:
-        sock.sendall(_publish("p", b"a") + ping + _publish("p", b"b") + _publish("p", b"c"))
-        answers = _read_answers(sock, 4)
-        sock.sendall(_publish("p", b"d"))  # the connection still serves, directly
-        (last,) = _read_answers(sock, 1)
+    with raw.connect(served) as sock:
+        sock.sendall(raw.publish("p", b"a") + ping + raw.publish("p", b"b")
+                     + raw.publish("p", b"c"))
+        answers = raw.read_answers(sock, 4)
+        sock.sendall(raw.publish("p", b"d"))  # the connection still serves, directly
+        (last,) = raw.read_answers(sock, 1)
     assert [a.split(b" ", 2)[1] for a in answers] == [b"202", b"200", b"202", b"202"]
     assert answers[1].endswith(b"pong")
     assert last.startswith(b"HTTP/1.1 202 ")
@@ -142,9 +104,9 @@ def test_a_publish_behind_one_waiting_for_kafka_is_answered_after_it(
     one pipelined behind it could be stored and answered at once, but answers go in order."""
     served = serve(topics={"default": {"ack_timeout_ms": 0},
                            "waits": {"ack_timeout_ms": 300}})
-    with _connect(served) as sock:
-        sock.sendall(_publish("waits", b"first") + _publish("quick", b"second"))
-        first, second = _read_answers(sock, 2)
+    with raw.connect(served) as sock:
+        sock.sendall(raw.publish("waits", b"first") + raw.publish("quick", b"second"))
+        first, second = raw.read_answers(sock, 2)
     assert b'"delivered":false' in first and b"second" not in first
     assert second.startswith(b"HTTP/1.1 202 ")
     assert _values(served, "waits") == [b"first"] and _values(served, "quick") == [b"second"]
@@ -152,49 +114,30 @@ def test_a_publish_behind_one_waiting_for_kafka_is_answered_after_it(
 
 
 def test_expect_100_continue_is_answered_by_uvicorn(served: Served) -> None:
-    with _connect(served) as sock:
-        sock.sendall(_publish("c", b"", b"Expect: 100-continue").replace(
+    with raw.connect(served) as sock:
+        sock.sendall(raw.publish("c", b"", b"Expect: 100-continue").replace(
             b"Content-Length: 0", b"Content-Length: 4"))
         assert sock.recv(65536).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
         sock.sendall(b"body")
-        (answer,) = _read_answers(sock, 1)
+        (answer,) = raw.read_answers(sock, 1)
     assert answer.startswith(b"HTTP/1.1 202 ")
     assert _values(served, "c") == [b"body"]
 
 
 @pytest.mark.parametrize("request_bytes", [
-    _publish("k", b"v", b"Connection: close"),
-    _publish("k", b"v", version=b"1.0"),
+    raw.publish("k", b"v", b"Connection: close"),
+    raw.publish("k", b"v", version=b"1.0"),
 ], ids=["connection-close", "http-1.0"])
 def test_a_client_that_asks_for_close_gets_its_answer_then_the_close(
     served: Served, asgi_calls: list[str], request_bytes: bytes
 ) -> None:
-    with _connect(served) as sock:
+    with raw.connect(served) as sock:
         sock.sendall(request_bytes)
-        answer = _read_until_closed(sock)
+        answer = raw.read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 202 ")
     assert b"\r\nconnection: close\r\n" in answer
     assert asgi_calls == []
     assert _values(served, "k") == [b"v"]
-
-
-def test_nothing_behind_an_answer_that_closes_the_connection_is_stored(
-    serve: Callable[..., Served],
-) -> None:
-    served = serve(topics={"default": {"ack_timeout_ms": 0, "max_message_bytes": 8}})
-    chunked = (b"POST /topics/z HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-               b"10\r\n0123456789abcdef\r\n0\r\n\r\n")
-    with _connect(served) as sock:
-        sock.sendall(chunked + _publish("z", b"behind"))
-        answer = _read_until_closed(sock)
-    assert answer.startswith(b"HTTP/1.1 413 ") and answer.count(b"HTTP/1.1 ") == 1
-    assert b"\r\nconnection: close\r\n" in answer
-    # Hand-overs to the writer keep their order: once a later publish is answered, one
-    # handed over before it would be stored too.
-    with _connect(served) as sock:
-        sock.sendall(_publish("later", b"x"))
-        assert _read_answers(sock, 1)[0].startswith(b"HTTP/1.1 202 ")
-    assert _values(served, "z") == []
 
 
 @pytest.mark.parametrize(("path", "topic"), [
@@ -204,9 +147,9 @@ def test_nothing_behind_an_answer_that_closes_the_connection_is_stored(
 def test_other_spellings_of_a_publish_path_still_publish(
     served: Served, asgi_calls: list[str], path: bytes, topic: str
 ) -> None:
-    with _connect(served) as sock:
-        sock.sendall(_publish("t", b"v").replace(b"/topics/t", path, 1))
-        (answer,) = _read_answers(sock, 1)
+    with raw.connect(served) as sock:
+        sock.sendall(raw.publish("t", b"v").replace(b"/topics/t", path, 1))
+        (answer,) = raw.read_answers(sock, 1)
     assert answer.startswith(b"HTTP/1.1 202 ")
     assert asgi_calls == [topic]
     assert _values(served, topic) == [b"v"]
@@ -214,15 +157,15 @@ def test_other_spellings_of_a_publish_path_still_publish(
 
 def test_stopping_answers_a_direct_publish_in_flight_then_closes(served: Served) -> None:
     gate = _hold_writer(served)
-    with _connect(served) as sock:
-        sock.sendall(_publish("s", b"in flight"))
+    with raw.connect(served) as sock:
+        sock.sendall(raw.publish("s", b"in flight"))
         wait_until(lambda: _queued_messages(served) == 1, timeout=WAIT,
                    message="the publish queued for the writer")
         stopper = threading.Thread(target=served.server.stop, args=(WAIT,))
         stopper.start()
         wait_until(lambda: not served.runtime.accepting, timeout=WAIT, message="stopping")
         gate.release.set()
-        answer = _read_until_closed(sock)
+        answer = raw.read_until_closed(sock)
         stopper.join(WAIT)
     assert not stopper.is_alive()
     # Answered, whether before or after uvicorn turned keep-alive off; then closed.
@@ -232,8 +175,8 @@ def test_stopping_answers_a_direct_publish_in_flight_then_closes(served: Served)
 
 def test_a_client_gone_before_its_commit_leaves_the_server_serving(served: Served) -> None:
     gate = _hold_writer(served)
-    with _connect(served) as sock:
-        sock.sendall(_publish("g", b"orphan"))
+    with raw.connect(served) as sock:
+        sock.sendall(raw.publish("g", b"orphan"))
         wait_until(lambda: _queued_messages(served) == 1, timeout=WAIT,
                    message="the publish queued for the writer")
     gate.release.set()
@@ -241,9 +184,9 @@ def test_a_client_gone_before_its_commit_leaves_the_server_serving(served: Serve
     wait_until(lambda: _values(served, "g") == [b"orphan"], timeout=WAIT, message="stored")
     wait_until(lambda: served.counter("http_requests", route="publish", status="202") == 1,
                timeout=WAIT, message="counted")
-    with _connect(served) as sock:
-        sock.sendall(_publish("g", b"next"))
-        (answer,) = _read_answers(sock, 1)
+    with raw.connect(served) as sock:
+        sock.sendall(raw.publish("g", b"next"))
+        (answer,) = raw.read_answers(sock, 1)
     assert answer.startswith(b"HTTP/1.1 202 ")
 
 
@@ -251,10 +194,10 @@ def test_a_long_keep_alive_connection_does_not_keep_its_past_requests(served: Se
     def alive() -> int:
         return sum(type(o) is _Direct for o in gc.get_objects())
 
-    with _connect(served) as sock:
+    with raw.connect(served) as sock:
         for i in range(30):
-            sock.sendall(_publish("kept", b"%d" % i))
-            _read_answers(sock, 1)
+            sock.sendall(raw.publish("kept", b"%d" % i))
+            raw.read_answers(sock, 1)
         # The last request stays where uvicorn keeps the current one; not its predecessors.
         assert 1 <= alive() <= 2
     assert len(_values(served, "kept")) == 30
@@ -268,9 +211,9 @@ def test_a_refusal_answered_at_once_does_not_time_out_the_request_behind_it(
     must not close the connection under it."""
     served = serve(http={"keep_alive_seconds": 0.3},
                    topics={"default": {"ack_timeout_ms": 0}, "waits": {"ack_timeout_ms": 1000}})
-    with _connect(served) as sock:
-        sock.sendall(_publish("bad!topic", b"x") + _publish("waits", b"kept"))
-        refused, stored = _read_answers(sock, 2)
+    with raw.connect(served) as sock:
+        sock.sendall(raw.publish("bad!topic", b"x") + raw.publish("waits", b"kept"))
+        refused, stored = raw.read_answers(sock, 2)
     assert refused.startswith(b"HTTP/1.1 400 ") and stored.startswith(b"HTTP/1.1 202 ")
     assert _values(served, "waits") == [b"kept"]
 
@@ -278,18 +221,26 @@ def test_a_refusal_answered_at_once_does_not_time_out_the_request_behind_it(
 def test_no_request_behind_an_answer_that_closed_the_connection_is_run(
     serve: Callable[..., Served],
 ) -> None:
+    """A chunked body over the limit is refused (413) and the connection closed while the
+    read is still parsed; what was pipelined behind it, of either path (a publish that would
+    go direct, a probe, a publish with a query), is neither run nor answered."""
     served = serve(topics={"default": {"ack_timeout_ms": 0, "max_message_bytes": 8}})
     chunked = (b"POST /topics/z HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
                b"10\r\n0123456789abcdef\r\n0\r\n\r\n")
     ping = b"GET /status/ping HTTP/1.1\r\nHost: x\r\n\r\n"
-    with _connect(served) as sock:  # behind it: the ASGI way, both a probe and a publish
-        sock.sendall(chunked + ping + _publish("q", b"v").replace(b"/topics/q", b"/topics/q?a"))
-        answer = _read_until_closed(sock)
+    behind = (raw.publish("z", b"behind") + ping
+              + raw.publish("q", b"v").replace(b"/topics/q", b"/topics/q?a"))
+    with raw.connect(served) as sock:
+        sock.sendall(chunked + behind)
+        answer = raw.read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 413 ") and answer.count(b"HTTP/1.1 ") == 1
-    with _connect(served) as sock:  # answered after anything handed over before it
-        sock.sendall(_publish("later", b"x"))
-        assert _read_answers(sock, 1)[0].startswith(b"HTTP/1.1 202 ")
-    assert _values(served, "q") == []
+    assert b"\r\nconnection: close\r\n" in answer
+    # Hand-overs to the writer keep their order: once a later publish is answered, one
+    # handed over before it would be stored too.
+    with raw.connect(served) as sock:
+        sock.sendall(raw.publish("later", b"x"))
+        assert raw.read_answers(sock, 1)[0].startswith(b"HTTP/1.1 202 ")
+    assert _values(served, "z") == [] and _values(served, "q") == []
     assert served.counter("http_requests", route="/status/ping") == 0
     assert served.counter("http_requests", status="499") == 0
 
@@ -302,8 +253,8 @@ def test_stopping_waits_for_a_direct_publish_whose_client_has_gone(
     # The server is fresh: this is the first publish it sees (the publisher binds to the
     # loop with it), with the writer held so that its commit cannot come back in time.
     gate = _hold_writer(served)
-    with _connect(served) as sock:
-        sock.sendall(_publish("gone", b"stored", *headers))
+    with raw.connect(served) as sock:
+        sock.sendall(raw.publish("gone", b"stored", *headers))
         wait_until(lambda: _queued_messages(served) == 1, timeout=WAIT,
                    message="the publish queued for the writer")
     stopper = threading.Thread(target=served.server.stop, args=(WAIT,))

@@ -259,10 +259,11 @@ class HttpProtocol(HttpToolsProtocol):
                 functools.partial(self._reply, cycle))
 
     def data_received(self, data: bytes) -> None:
-        self._quiet = False
         super().data_received(data)
         if self._reading is not None:
-            self._quiet = False  # a request began after an answer given within this read
+            # Part of a request is in (perhaps after an answer given within this read, which
+            # started a keep-alive wait): the connection is not idle.
+            self._quiet = False
         cycle: Any = self.cycle
         if (type(cycle) is _Direct and cycle.parts is not None
                 and not self.transport.is_closing()):

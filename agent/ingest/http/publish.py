@@ -162,8 +162,8 @@ class Publisher:
                body: bytes, reply: Reply) -> None:
         """Publish a request whose whole body came with its headers, then ``reply()``.
 
-        The server's protocol calls this on the event loop for most publishes (server.py,
-        ``_Protocol``), without ASGI's per-request task, scope and messages: they cost more
+        The server's protocol calls this on the event loop for most publishes (protocol.py,
+        ``HttpProtocol``), without ASGI's per-request task, scope and messages: they cost more
         than the rest of the publish. The checks, the answers and the counting are those of
         ``__call__``. The common case (no Idempotency-Key, no wait for Kafka) runs on
         callbacks: ``reply`` is called once the commit is durable, or at once for a refusal.
@@ -460,11 +460,12 @@ class Publisher:
         The first request of an iteration schedules the hand-over to the writer at the end
         of the iteration, so one iteration's requests cost one ``submit_groups()`` and come
         back in one loop wake-up (CompletionBridge)."""
-        if self._loop is not asyncio.get_running_loop():
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
             self._bind()
         queue = self._queue
         if not queue:
-            asyncio.get_running_loop().call_soon(self._hand_over)
+            loop.call_soon(self._hand_over)
         queue.append((records, derive, done))
 
     def _hand_over(self) -> None:
