@@ -4,16 +4,24 @@ A SpoolWriter writes to a dot-prefixed temporary name (which ``list_ready_files`
 appends the trailer, fsyncs the file, renames it to its final name, and fsyncs the directory
 so the rename itself survives a crash. Until the rename the file does not exist for the agent;
 after it, the whole file does.
+
+A writer whose caller decides later whether the file may be published at all (the Spark
+writer's driver commit: only the attempts Spark counted as successful) stages it instead:
+``commit(publish=False)`` finishes and fsyncs the file and renames it to
+``.<name>.<token>.staged``, still a dot-file no listing returns, and ``publish_staged`` later
+renames it to its final name. ``remove_leftovers`` deletes the temporary and staged files of
+given final names (attempts that lost, or a job that failed).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 
@@ -31,6 +39,11 @@ from spool.format import (
 
 _BUFFER = 1 << 20
 FILE_MODE = 0o640
+# A finished file waiting for someone to publish it: ".<name>.<token>.staged". The leading dot
+# keeps it out of spool.reader.list_ready_files, like a temporary file.
+STAGED_SUFFIX = ".staged"
+# ".<final name>.<16 hex digits>.tmp" or ".staged": what SpoolWriter leaves before publishing.
+_LEFTOVER_RE = re.compile(r"\.(.+)\.([0-9a-f]{16})(\.tmp|\.staged)")
 
 
 def check_file_name(name: str) -> str:
@@ -91,7 +104,9 @@ class SpoolWriter:
         if not self.directory.is_dir():
             raise FileNotFoundError(f"spool directory {self.directory} does not exist")
         # Unique per writer, so two attempts at the same file never write into one temp file.
-        self.temp_path = self.directory / f".{self.name}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
+        self.token = secrets.token_hex(8)
+        self.temp_path = self.directory / f".{self.name}.{self.token}{TEMP_SUFFIX}"
+        self.staged_path = self.directory / f".{self.name}.{self.token}{STAGED_SUFFIX}"
         fd = os.open(self.temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
         self._file = os.fdopen(fd, "wb", buffering=_BUFFER)
         try:
@@ -142,8 +157,13 @@ class SpoolWriter:
         self._file.write(body)
         self.count += count
 
-    def commit(self) -> Path:
-        """Finish the file and publish it under its final name; returns that path."""
+    def commit(self, *, publish: bool = True) -> Path:
+        """Finish the file and publish it under its final name; returns that path.
+
+        ``publish=False`` stages it instead: the same finished, fsynced file, renamed to
+        ``staged_path`` (a dot-file no reader lists), which is returned; ``publish_staged``
+        publishes it later, and ``remove_leftovers`` drops it if it must never be.
+        """
         self._check_open()
         try:
             self._flush_pending()
@@ -151,7 +171,9 @@ class SpoolWriter:
             self._file.flush()
             os.fsync(self._file.fileno())
             self._file.close()
-            if self.replace:
+            if not publish:
+                os.rename(self.temp_path, self.staged_path)
+            elif self.replace:
                 os.replace(self.temp_path, self.path)
             else:
                 self._publish_exclusive()
@@ -160,7 +182,7 @@ class SpoolWriter:
             self.abort()
             raise
         fsync_dir(self.directory)
-        return self.path
+        return self.path if publish else self.staged_path
 
     def _publish_exclusive(self) -> None:
         # link() fails if the name exists, where rename() would silently replace it.
@@ -218,3 +240,44 @@ def write_spool_file(
     with SpoolWriter(spool_dir, name, replace=replace) as writer:
         writer.write_many(records)
     return writer.path
+
+
+def publish_staged(
+    staged: str | os.PathLike[str], final_name: str, *, sync: bool = True
+) -> Path:
+    """Rename a file ``SpoolWriter.commit(publish=False)`` staged to ``final_name`` in the same
+    directory, replacing a file of that name (a re-published partition); fsync the directory
+    unless ``sync=False`` (a caller publishing many files fsyncs each directory once)."""
+    staged = Path(staged)
+    final = staged.parent / check_file_name(final_name)
+    os.replace(staged, final)
+    if sync:
+        fsync_dir(staged.parent)
+    return final
+
+
+def leftover_final_name(file_name: str) -> str | None:
+    """The final name a SpoolWriter's temporary or staged file ``file_name`` was meant for,
+    or None if ``file_name`` is not one."""
+    match = _LEFTOVER_RE.fullmatch(file_name)
+    return match.group(1) if match else None
+
+
+def remove_leftovers(
+    spool_dir: str | os.PathLike[str], final_name_matches: Callable[[str], bool]
+) -> list[Path]:
+    """Delete the temporary and staged files in ``spool_dir`` (not its subdirectories) of
+    every final name ``final_name_matches`` accepts; returns what was deleted. A file that
+    vanishes meanwhile (another cleaner, a writer finishing) is skipped."""
+    removed: list[Path] = []
+    with os.scandir(spool_dir) as entries:
+        for entry in entries:
+            final = leftover_final_name(entry.name)
+            if final is None or not final_name_matches(final):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+    if removed:
+        fsync_dir(spool_dir)
+    return sorted(removed)

@@ -16,7 +16,15 @@ from spool.reader import (
     read_spool_file,
     verify,
 )
-from spool.writer import SpoolWriter, unique_file_name, write_spool_file
+from spool.writer import (
+    STAGED_SUFFIX,
+    SpoolWriter,
+    leftover_final_name,
+    publish_staged,
+    remove_leftovers,
+    unique_file_name,
+    write_spool_file,
+)
 
 RECORDS = [SpoolRecord("orders", f"order {i}".encode(), f"{i}".encode(), i) for i in range(100)]
 
@@ -185,3 +193,58 @@ def test_unique_file_names_are_unique_valid_and_sort_by_time() -> None:
     assert len(set(names)) == 100
     assert all(n.startswith("job-") and n.endswith(".ferry") for n in names)
     assert [n[4:24] for n in names] == sorted(n[4:24] for n in names)
+
+
+def test_a_staged_file_is_finished_but_ignored_until_published(tmp_path: Path) -> None:
+    writer = SpoolWriter(tmp_path, "spark-job-00001")
+    writer.write_many(RECORDS)
+    staged = writer.commit(publish=False)
+    assert staged == writer.staged_path
+    assert staged.name == f".spark-job-00001.ferry.{writer.token}{STAGED_SUFFIX}"
+    assert os.listdir(tmp_path) == [staged.name]  # the temporary file became this one
+    assert list_ready_files(tmp_path) == []
+    copy = tmp_path / "check" / "staged-copy.ferry"  # readers refuse dot-names themselves
+    copy.parent.mkdir()
+    shutil.copyfile(staged, copy)
+    assert verify(copy) == len(RECORDS)  # complete and fsynced, only not published
+    shutil.rmtree(copy.parent)
+    writer.abort()  # a no-op once committed: the staged file stays for its publisher
+    assert staged.exists()
+
+    path = publish_staged(staged, "spark-job-00001.ferry")
+    assert path == tmp_path / "spark-job-00001.ferry"
+    assert list_ready_files(tmp_path) == [path]
+    assert os.listdir(tmp_path) == [path.name]
+    assert read_spool_file(path) == RECORDS
+
+
+def test_publishing_a_staged_file_replaces_an_earlier_one(tmp_path: Path) -> None:
+    write_spool_file(tmp_path, "part", RECORDS[:10])
+    writer = SpoolWriter(tmp_path, "part")
+    writer.write_many(RECORDS)
+    publish_staged(writer.commit(publish=False), "part.ferry")
+    assert read_spool_file(tmp_path / "part.ferry") == RECORDS
+    assert os.listdir(tmp_path) == ["part.ferry"]
+
+
+def test_leftovers_of_chosen_names_are_removed_and_nothing_else(tmp_path: Path) -> None:
+    staged = SpoolWriter(tmp_path, "job-a-00000")
+    staged.write_many(RECORDS)
+    staged_path = staged.commit(publish=False)
+    pending = SpoolWriter(tmp_path, "job-a-00001")  # a temporary file, never finished
+    other = SpoolWriter(tmp_path, "job-b-00000")
+    other.write_many(RECORDS)
+    other_path = other.commit(publish=False)
+    published = write_spool_file(tmp_path, "job-a-00002", RECORDS)
+    (tmp_path / ".job-a-00003.ferry.notatoken.staged").write_bytes(b"")  # not a writer's
+    assert leftover_final_name(staged_path.name) == "job-a-00000.ferry"
+    assert leftover_final_name(pending.temp_path.name) == "job-a-00001.ferry"
+    assert leftover_final_name("job-a-00002.ferry") is None
+
+    removed = remove_leftovers(tmp_path, lambda name: name.startswith("job-a-"))
+    assert removed == sorted([staged_path, pending.temp_path])
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        [other_path.name, published.name, ".job-a-00003.ferry.notatoken.staged"]
+    )
+    with pytest.raises(FileNotFoundError):  # the killed writer's rename now fails
+        pending.commit()
