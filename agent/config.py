@@ -118,6 +118,15 @@ class KafkaClusterConfig(_Section):
     # Any librdkafka property (TLS, SASL, ...); applied after Ferry's own defaults.
     properties: dict[str, str | int | float | bool] = Field(default_factory=dict)
     # Nothing acknowledged for this long while messages are outstanding => the cluster is down.
+    # How long the content of a binary file ingested under a name is remembered, so a file
+    # re-published under that name (a retried Spark task, a re-run with the same jobId) is
+    # not ingested twice. 0 remembers nothing: every file is ingested whole.
+    dedup_retention_seconds: float = Field(default=7 * 24 * 3600, ge=0)
+    # Temporary files (*.tmp, being written) not modified for this long are a dead writer's
+    # and deleted; staged Spark files (.*.staged, waiting for their job's commit) after
+    # staged_retention_seconds, which must outlast the longest job.
+    stale_temp_seconds: float = Field(default=3600, gt=0)
+    staged_retention_seconds: float = Field(default=2 * 24 * 3600, gt=0)
     outage_after_seconds: float = Field(default=10.0, gt=0)
 
 

@@ -79,8 +79,17 @@ DEFINITIONS: dict[str, MetricDef] = {
         MetricDef("spool_files_quarantined", "counter", "Spool files moved to quarantine/.",
                   ("reason",)),
         MetricDef("spool_files_duplicate", "counter",
-                  "Spool files removed as duplicates of files already ingested (same name, "
-                  "size and record count: a retried Spark task)."),
+                  "Binary spool files removed without ingesting: a file of the same name and "
+                  "the same content (or a prefix of it) was ingested before (a retried task)."),
+        MetricDef("spool_files_extended", "counter",
+                  "Binary spool files whose first records were ingested before under the same "
+                  "name (same content): only the rest was ingested (a retried task)."),
+        MetricDef("spool_files_diverged", "counter",
+                  "Binary spool files whose name was ingested before with other content (a "
+                  "nondeterministic Spark plan): ingested whole, so some records may repeat."),
+        MetricDef("spool_records_skipped", "counter",
+                  "Records of re-published spool files not ingested again, because the same "
+                  "bytes were ingested before under the same name.", ("reason",)),
         MetricDef("spool_files_pending", "gauge", "Spool files waiting to be ingested."),
         MetricDef("spool_files_unrecognized", "gauge",
                   "Files in spool directories that Ferry does not read (wrong place or "

@@ -13,6 +13,7 @@ rejected with SpoolFormatError before any of it is ingested; ``verified`` says t
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -67,6 +68,40 @@ class SpoolBlock(NamedTuple):
     record_count: int  # records in the block
     offset: int  # file offset of the body (for error messages)
     body: bytes
+
+
+class Mark(NamedTuple):
+    """Where a block of a binary file ends: records and record bytes so far, and the digest
+    of those bytes."""
+
+    records: int
+    size: int
+    digest: str
+
+
+class Fingerprint(NamedTuple):
+    """What a binary file holds, by content: a running SHA-256 over its records' bytes (the
+    block bodies back to back, so it does not depend on where blocks are cut).
+
+    Two files whose first ``size`` record bytes have the same digest hold the same first
+    records, byte for byte; that is how the agent recognises a file it already ingested, or
+    one that extends it, under the same name (a retried Spark task).
+    """
+
+    records: int
+    size: int  # bytes of record data (the file less its header, block headers and trailer)
+    digest: str  # of all ``size`` bytes
+    marks: tuple[Mark, ...]  # one per block, in file order
+    probe: str | None  # digest of the first ``probe_at`` bytes, when asked and within the file
+
+
+def content_digest(data: bytes = b"") -> hashlib._Hash:
+    """The running hash of a Fingerprint (SHA-256: fast with the CPU's SHA extensions)."""
+    return hashlib.sha256(data)
+
+
+def _hex(h: hashlib._Hash) -> str:
+    return h.hexdigest()[:32]  # 128 bits: a collision is not a practical concern
 
 
 class SpoolReader:
@@ -167,6 +202,32 @@ class BinarySpoolReader(SpoolReader):
             self.close()
         assert self._count is not None
         return self._count
+
+    def fingerprint(self, probe_at: int | None = None) -> Fingerprint:
+        """Verify the file (as ``verify()``) and hash its content in the same pass.
+
+        ``probe_at``: also the digest of the first ``probe_at`` record bytes (``probe``), so a
+        caller can check whether this file starts with what an earlier file held; None when
+        the file holds fewer bytes.
+        """
+        h = content_digest()
+        marks: list[Mark] = []
+        size = 0
+        probe: str | None = _hex(h) if probe_at == 0 else None
+        f = self._open()
+        try:
+            for first, count, _offset, body in self._blocks(f):
+                if probe_at is not None and size < probe_at <= size + len(body):
+                    part = h.copy()
+                    part.update(memoryview(body)[: probe_at - size])
+                    probe = _hex(part)
+                h.update(body)
+                size += len(body)
+                marks.append(Mark(first + count, size, _hex(h)))
+        finally:
+            self.close()
+        assert self._count is not None
+        return Fingerprint(self._count, size, _hex(h), tuple(marks), probe)
 
     def _iterate(self, start: int, verify_first: bool) -> Iterator[SpoolRecord]:
         f = self._open()

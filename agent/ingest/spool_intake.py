@@ -1,10 +1,17 @@
 """Spool directory intake: files dropped by people, scripts and Spark jobs, into the buffer.
 
-A file is ingested in batches; each batch commits together with the file's progress (its
-identity and the index of the next record) in one LMDB transaction, so a crash at any point
-neither loses nor duplicates a record: after a restart the file resumes at the recorded index.
-Once the last batch is in, the progress says "done" and the file is deleted (or moved to
-``done/``); a "done" file seen again after a crash is only cleaned up, never re-ingested.
+A file is first **claimed**: renamed into the agent's own ``<spool>/.ingesting/`` under the
+same relative path. From then on nobody else writes that name, so a file replaced at its old
+name (``os.replace``, as a retried Spark task does) is a new file, read in its turn, and the
+file the agent removes is always the one it read. A file is ingested in batches; each batch
+commits together with the file's progress (its name, identity and the index of the next
+record) in one LMDB transaction, so a crash at any point neither loses nor duplicates a record:
+after a restart the claimed file resumes at the recorded index. Once the last batch is in, the
+progress says "done" and the claimed file is deleted (or moved to ``done/``).
+
+Binary files are remembered by name and *content* (``spool_seen``): a file that comes again
+under a name already ingested is skipped if it holds the same records, ingested only beyond the
+prefix already ingested if it extends them, and ingested whole (counted, logged) if it differs.
 
 Files that break the format go to ``quarantine/`` with a ``.reason`` file beside them, before
 any of their records is ingested (``verify`` checks a whole file first). The watchdog observer
@@ -35,6 +42,7 @@ from agent.buffer import codec
 from agent.buffer.codec import encode_spool_block
 from agent.buffer.committer import ShuttingDown
 from agent.buffer.store import BufferFull, BufferUnavailable, InvalidGroup
+from agent.ingest.spool_seen import Seen, decide, probe_for
 from agent.records import Record, Source
 from agent.runtime import Runtime
 from spool.format import EXTENSION, SpoolFormatError, SpoolRecord
@@ -53,13 +61,16 @@ log = logging.getLogger(__name__)
 BATCH = 20000
 PROGRESS = b"spool:"  # state key prefix: spool:<dir index>:<relative path>
 SEEN = b"spool-seen:"  # binary files fully ingested, by name, for de-duplication
-SEEN_SECONDS = 7 * 24 * 3600
+# The agent's own directory in each spool directory: files claimed for intake, under their
+# relative path. A leading dot: the listing never offers it, and no topic can be named so.
+CLAIMED = ".ingesting"
 # A hand-made file modified more recently than this may still be being written.
 SETTLE_SECONDS = 1.0
 # A binary file that fails verification this soon after its last change is retried later
 # (a writer may still be writing it in place) rather than quarantined.
 CORRUPT_GRACE_SECONDS = 10.0
-STALE_TEMP_SECONDS = 24 * 3600
+# Staged Spark files (``.NAME.TOKEN.staged``) wait for their job's commit on the driver.
+STAGED_SUFFIX = ".staged"
 
 
 @dataclass(frozen=True)
@@ -147,16 +158,25 @@ class SpoolIntake:
             self._wake.clear()
 
     def scan_once(self) -> int:
-        """Ingest every ready file once; returns how many were finished."""
-        pending = [(i, d, f) for i, d in enumerate(self.dirs) for f in list_ready_files(d)]
+        """Ingest every ready file once, files already claimed first; returns how many were
+        finished."""
+        pending: list[tuple[int, Path, Path, bool]] = []
+        for i, d in enumerate(self.dirs):
+            pending += [(i, d, f, True) for f in _claimed_files(d)]
+            pending += [(i, d, f, False) for f in list_ready_files(d)]
         self.registry.set("spool_files_pending", float(len(pending)))
         self._warn_unrecognized()
         finished = 0
-        for n, (index, root, path) in enumerate(pending):
+        for n, (index, root, path, claimed) in enumerate(pending):
             if self._stop.is_set():
                 break
             try:
-                if self._ingest(index, root, path):
+                if claimed:
+                    done = self._ingest(index, root, path)
+                else:
+                    taken = self._claim(root, path)
+                    done = taken is not None and self._ingest(index, root, taken)
+                if done:
                     finished += 1
             except ShuttingDown:
                 raise
@@ -189,37 +209,73 @@ class SpoolIntake:
                 exc_info=exc_info and first)
 
     # -- one file --------------------------------------------------------------------------
-    def _key(self, prefix: bytes, index: int, root: Path, path: Path) -> bytes:
+    def _key(self, prefix: bytes, index: int, name: str) -> bytes:
         # fsencode: a file name need not be UTF-8; its bytes come back as they were.
-        return prefix + os.fsencode(f"{index}:{path.relative_to(root).as_posix()}")
+        return prefix + os.fsencode(f"{index}:{name}")
+
+    def _claim(self, root: Path, path: Path) -> Path | None:
+        """Rename a ready file into ``.ingesting/`` (same relative path): from here on the
+        agent reads, and later removes, only that file, whatever appears at the old name.
+        None if it is not to be taken now."""
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return None
+        if path.suffix != EXTENSION and time.time() - st.st_mtime < SETTLE_SECONDS:
+            self._wake_later()  # a hand-made file may still be being written in place
+            return None
+        rel = path.relative_to(root)
+        target = root / CLAIMED / rel
+        if target.exists():
+            # An earlier file of that name is still being ingested (it resumes first); this
+            # one waits where it is, never over it.
+            return None
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(path, target)
+        except FileNotFoundError:
+            return None  # taken away meanwhile
+        except OSError as exc:
+            self._failed(path, "unremovable", "cannot be claimed for intake (renamed into "
+                         f"{root / CLAIMED}): {exc.strerror or exc}; it is not read until it "
+                         "can be: make its directory writable for the ferry group "
+                         "(docs/spool.md)")
+            return None
+        self._reported.discard((path, "unremovable"))
+        # Durable before any of it is committed: after a power loss the file is either still
+        # at its name or claimed, with the progress that goes with its identity either way.
+        with contextlib.suppress(OSError):
+            fsync_dir(target.parent)
+            fsync_dir(path.parent)
+        return target
 
     def _ingest(self, index: int, root: Path, path: Path) -> bool:
+        """Ingest a claimed file (``root/.ingesting/NAME``) from its committed progress on,
+        then remove it; False if it is not finished now (it stays claimed)."""
+        name = path.relative_to(root / CLAIMED).as_posix()
         try:
             ident = Identity.of(path)
         except FileNotFoundError:
             return False
         age = time.time() - ident.mtime_ns / 1e9
         binary = path.suffix == EXTENSION
-        if not binary and age < SETTLE_SECONDS:
-            self._wake_later()
-            return False
-        key = self._key(PROGRESS, index, root, path)
+        key = self._key(PROGRESS, index, name)
+        seen_key = self._key(SEEN, index, name)
         progress = _load(self.store.get_state(key))
-        start = 0
-        if progress is not None and progress.get("identity") == _ident_doc(ident):
-            if progress.get("done"):
-                # A crash came between "done" and the delete, or the delete was refused.
-                return self._finish(root, path, key)
-            start = int(progress["next"])
-        elif binary and self._seen_before(index, root, path, ident):
-            log.info("spool file %s was ingested before (same name, size and count): "
-                     "removing the duplicate", path)
-            self.registry.inc("spool_files_duplicate")
-            return self._finish(root, path, None)
+        resuming = progress is not None and progress.get("identity") == _ident_doc(ident)
+        if resuming and progress is not None and progress.get("done"):
+            # A crash came between "done" and the delete, or the delete was refused.
+            return self._finish(root, path, key)
+        start = int(progress["next"]) if resuming and progress is not None else 0
+        seen = self._seen(seen_key) if binary else None
         reader = open_spool_file(path)
         try:
             try:
-                count = reader.verify()
+                if isinstance(reader, BinarySpoolReader):
+                    fp = reader.fingerprint(probe_for(seen))
+                    count = fp.records
+                else:
+                    count = reader.verify()
             except SpoolFormatError as exc:
                 if binary and age < CORRUPT_GRACE_SECONDS:
                     self._wake_later()
@@ -233,21 +289,30 @@ class SpoolIntake:
                 log.exception("spool file %s could not be read", path)
                 self._quarantine(root, path, key, "unreadable", f"{type(exc).__name__}: {exc}")
                 return False
+            remember: Seen | None = None
+            if isinstance(reader, BinarySpoolReader) and self.config.dedup_retention_seconds:
+                decision = decide(seen, fp)
+                remember = decision.remember
+                if not resuming:
+                    start = decision.start
+                    self._report_repeat(path, decision.outcome, seen, count, start)
+                    if decision.outcome == "duplicate":
+                        return self._finish(root, path, None)
             # A batch must fit in an empty buffer, or it could never be committed.
             limit = self.runtime.config.buffer.max_bytes
             max_batch_bytes = max(64 * 1024, min(8 << 20, limit // 8))
-            tracker = _Progress(key, ident, count,
-                                self._key(SEEN, index, root, path) if binary else None)
+            tracker = _Progress(key, ident, count, seen_key if remember else None, remember)
             if isinstance(reader, BinarySpoolReader):
                 if not self._ingest_blocks(reader, start, tracker, max_batch_bytes):
                     return False
             elif not self._ingest_records(reader, start, tracker, max_batch_bytes):
                 return False
-            if count == 0 or start >= count:
-                doc = {"identity": _ident_doc(ident), "next": count, "done": True,
-                       "count": count}
-                if not self._commit([], {key: json.dumps(doc).encode()}):
-                    return False
+            if (count == 0 or start >= count) and not self._commit([], tracker.puts(count)):
+                return False
+            if Identity.of(path) != ident:
+                # Written to in place while it was read (a writer that does not rename its
+                # files into place): what was committed stays, the file is kept whole.
+                raise SpoolFormatError("the file was modified in place while it was read")
         except SpoolFormatError as exc:
             # verify() passed, so the file changed under us; what was committed stays, the
             # rest is quarantined with the index it stopped at.
@@ -262,6 +327,37 @@ class SpoolIntake:
             reader.close()
         self.registry.inc("spool_files_ingested")
         return self._finish(root, path, key)
+
+    def _seen(self, seen_key: bytes) -> Seen | None:
+        seen = Seen.decode(self.store.get_state(seen_key))
+        if seen is None or seen.age_at(time.time()) > self.config.dedup_retention_seconds:
+            return None
+        return seen
+
+    def _report_repeat(
+        self, path: Path, outcome: str, seen: Seen | None, count: int, start: int
+    ) -> None:
+        """Count and log a file whose name was ingested before; nothing for a new name."""
+        if seen is None or outcome == "new":
+            return
+        skipped = min(start, count)
+        if skipped:
+            self.registry.inc("spool_records_skipped", skipped, reason=outcome)
+        if outcome == "duplicate":
+            self.registry.inc("spool_files_duplicate")
+            log.info("spool file %s: its %d records were ingested before under this name "
+                     "(same content): removed without ingesting them again", path, count)
+        elif outcome == "extension":
+            self.registry.inc("spool_files_extended")
+            log.info("spool file %s: its first %d records were ingested before under this "
+                     "name (same content; a retried task): ingesting records %d to %d",
+                     path, start, start, count - 1)
+        else:
+            self.registry.inc("spool_files_diverged")
+            log.warning("spool file %s: a file of this name was ingested before (%d records) "
+                        "with other content (a nondeterministic Spark plan, or a name used "
+                        "again): all %d records are ingested; some may be duplicates",
+                        path, seen.records, count)
 
     def _ingest_records(
         self, reader: SpoolReader, start: int, progress: _Progress, max_batch_bytes: int
@@ -396,22 +492,14 @@ class SpoolIntake:
                 continue
         return False
 
-    def _seen_before(self, index: int, root: Path, path: Path, ident: Identity) -> bool:
-        raw = self.store.get_state(self._key(SEEN, index, root, path))
-        seen = _load(raw)
-        if seen is None or seen.get("size") != ident.size:
-            return False
-        try:
-            return bool(open_spool_file(path).verify() == seen.get("count"))
-        except (SpoolFormatError, OSError):
-            return False
-
     def _finish(self, root: Path, path: Path, key: bytes | None) -> bool:
-        """Delete (or move to done/) an ingested file, then forget its progress; False when
-        the file cannot be removed (it stays, marked done, and is tried again next scan)."""
+        """Delete (or move to done/) a claimed file that was ingested, then forget its
+        progress; False when it cannot be removed (it stays, marked done, and is tried again
+        next scan)."""
+        name = path.relative_to(root / CLAIMED)
         try:
             if self.config.after_ingest == "move":
-                target = root / "done" / path.relative_to(root)
+                target = _unused(root / "done" / name)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(path, target)
             else:
@@ -419,27 +507,26 @@ class SpoolIntake:
         except FileNotFoundError:
             pass
         except OSError as exc:
-            # Ingested (its progress says done, so it is not read again), but it stays: its
-            # directory is not writable for the agent (a topic directory made by a client
-            # with umask 022). Reported, and tried again every scan; the rest goes on.
             self._failed(path, "unremovable", "ingested, but it cannot be "
                          f"{'moved' if self.config.after_ingest == 'move' else 'deleted'}: "
-                         f"{exc.strerror or exc}; make its directory writable for the ferry "
-                         "group (docs/spool.md)")
+                         f"{exc.strerror or exc}")
             return False
         self._reported.discard((path, "unremovable"))
+        log.info("spool file %s %s", root / name,
+                 "moved to done/" if self.config.after_ingest == "move" else "removed")
         # The delete (or move) made durable before the progress is forgotten: after a power
         # loss the file must not come back without its "done", to be read a second time.
         with contextlib.suppress(OSError):
             fsync_dir(path.parent)
             if self.config.after_ingest == "move":
-                fsync_dir((root / "done" / path.relative_to(root)).parent)
+                fsync_dir((root / "done" / name).parent)
         if key is not None:
             self.store.update_state(deletes=[key])
         return True
 
     def _quarantine(self, root: Path, path: Path, key: bytes, reason: str, detail: str) -> None:
-        target = _unused(root / "quarantine" / path.relative_to(root))
+        name = path.relative_to(root / CLAIMED)
+        target = _unused(root / "quarantine" / name)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(path), str(target))
@@ -454,34 +541,46 @@ class SpoolIntake:
         self.store.update_state(deletes=[key])
         self.registry.inc("spool_files_quarantined", reason=reason)
         self.registry.sample("rejected", f"spool_{reason}", {"source": Source.SPOOL,
-                                                             "file": str(path),
+                                                             "file": str(root / name),
                                                              "detail": detail})
-        log.error("spool file %s quarantined to %s: %s", path, target, detail)
+        log.error("spool file %s quarantined to %s: %s", root / name, target, detail)
 
     def _wake_later(self) -> None:
         threading.Timer(SETTLE_SECONDS, self._wake.set).start()
 
     def _cleanup(self) -> None:
-        """Forget progress of files that are gone, and old de-duplication entries; delete
-        temporary files a crashed writer left behind long ago."""
+        """Forget progress of files that are gone, and de-duplication entries past their
+        retention; delete temporary files dead writers left behind (runs at start, then
+        every 10 minutes)."""
         deletes: list[bytes] = []
         for k, _ in self.store.state_items(PROGRESS):
             # fsdecode: the key holds the file name's bytes (see _key), UTF-8 or not.
             index_s, _, rel = os.fsdecode(k[len(PROGRESS):]).partition(":")
-            if int(index_s) >= len(self.dirs) or not (self.dirs[int(index_s)] / rel).exists():
+            index = int(index_s)
+            if index >= len(self.dirs) or not (
+                (self.dirs[index] / CLAIMED / rel).exists() or (self.dirs[index] / rel).exists()
+            ):
                 deletes.append(k)
         now = time.time()
+        retention = self.config.dedup_retention_seconds
         for k, v in self.store.state_items(SEEN):
-            doc = _load(v)
-            if doc is None or now - float(doc.get("at", 0)) > SEEN_SECONDS:
+            seen = Seen.decode(v)
+            if seen is None or seen.age_at(now) > retention:
                 deletes.append(k)
         if deletes:
             self.store.update_state(deletes=deletes)
+        shortest = min(self.config.stale_temp_seconds, self.config.staged_retention_seconds)
         for d in self.dirs:
-            for stale in list_stale_temp_files(d, STALE_TEMP_SECONDS):
+            for stale in list_stale_temp_files(d, shortest):
+                staged = stale.name.endswith(STAGED_SUFFIX)
+                limit = (self.config.staged_retention_seconds if staged
+                         else self.config.stale_temp_seconds)
                 with contextlib.suppress(OSError):
+                    if now - stale.stat().st_mtime < limit:
+                        continue
                     stale.unlink()
-                    log.info("deleted stale temporary spool file %s", stale)
+                    log.info("deleted %s spool file %s (not modified for %.0f s: its writer "
+                             "is gone)", "staged" if staged else "temporary", stale, limit)
 
 
 # A run of one topic's messages, encoded under the given topic generation.
@@ -493,20 +592,21 @@ _WEIGHT = 64
 class _Progress:
     """A file's progress records: what to commit with the batch that ends at an index."""
 
-    def __init__(self, key: bytes, ident: Identity, count: int, seen_key: bytes | None) -> None:
+    def __init__(self, key: bytes, ident: Identity, count: int, seen_key: bytes | None,
+                 seen: Seen | None) -> None:
         self.key = key
         self.ident = ident
         self.count = count
-        self.seen_key = seen_key  # binary files: remembered by name once done
+        self.seen_key = seen_key  # binary files: remembered by name and content once done
+        self.seen = seen
 
     def puts(self, next_index: int) -> dict[bytes, bytes]:
         done = next_index >= self.count
         doc = {"identity": _ident_doc(self.ident), "next": next_index, "done": done,
                "count": self.count}
         puts = {self.key: json.dumps(doc).encode()}
-        if done and self.seen_key is not None:
-            puts[self.seen_key] = json.dumps(
-                {"size": self.ident.size, "count": self.count, "at": time.time()}).encode()
+        if done and self.seen_key is not None and self.seen is not None:
+            puts[self.seen_key] = self.seen.encode()
         return puts
 
 
@@ -621,6 +721,26 @@ def _bulk_batches(
                     runs, n, weight = [], 0, 0
     if runs:
         yield runs, next_index
+
+
+def _claimed_files(root: Path) -> list[Path]:
+    """Files claimed earlier and not finished (a crash, a full buffer, a stop), oldest first:
+    ``.ingesting/NAME`` and ``.ingesting/TOPIC/NAME``."""
+    claimed = root / CLAIMED
+    found: list[tuple[int, str]] = []
+    try:
+        entries = list(os.scandir(claimed))
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            with os.scandir(entry.path) as inner:
+                entries_inner = [e for e in inner if e.is_file(follow_symlinks=False)]
+            for e in entries_inner:
+                found.append((e.stat(follow_symlinks=False).st_mtime_ns, e.path))
+        elif entry.is_file(follow_symlinks=False):
+            found.append((entry.stat(follow_symlinks=False).st_mtime_ns, entry.path))
+    return [Path(p) for _, p in sorted(found)]
 
 
 def _ident_doc(ident: Identity) -> list[int]:

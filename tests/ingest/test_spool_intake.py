@@ -162,13 +162,14 @@ def test_intake_pauses_while_the_buffer_is_full_and_resumes(
         wait_until(lambda: agent.registry.view().total("messages_rejected",
                                                        reason="buffer_full") > 0,
                    timeout=30, message="the buffer refuses a batch")
-        assert (spool / "big.ferry").exists()  # the file waits on disk
+        assert claimed(spool, "big.ferry").exists()  # the file waits on disk, claimed
         buffered = sum(s.messages for s in agent.store.topic_stats())
         assert 0 < buffered < n
         broker.start()
         got = consume_all(broker.bootstrap, unique_topic, n, timeout=90)
         assert len({m.value for m in got}) == n
-        wait_until(lambda: not (spool / "big.ferry").exists(), message="file finished")
+        wait_until(lambda: not claimed(spool, "big.ferry").exists(), message="file finished")
+        assert not (spool / "big.ferry").exists()
 
 
 def test_kill_9_mid_file_then_restart_buffers_each_record_exactly_once(
@@ -234,6 +235,11 @@ def intake_only(root: Path, max_bytes: int = 256 * MB,
         intake.stop()
         committer.close()
         store.close()
+
+
+def claimed(spool: Path, name: str) -> Path:
+    """Where the intake keeps a file it claimed (``spool/.ingesting/NAME``)."""
+    return spool / ".ingesting" / name
 
 
 def place(intake: SpoolIntake, name: str, records: list[SpoolRecord], block_bytes: int) -> Path:
@@ -393,7 +399,7 @@ def test_stopping_mid_file_keeps_the_progress_and_a_new_intake_finishes_the_file
         monkeypatch.setattr(store, "append_encoded", stop_after_first_batch)
         path = place(intake, "long.ferry", records, block_bytes=1 << 20)
         assert intake.scan_once() == 0
-        assert path.exists()
+        assert not path.exists() and claimed(intake.dirs[0], "long.ferry").exists()
         first = len(buffered(store, "t"))
         assert 0 < first < len(records)
         monkeypatch.setattr(store, "append_encoded", real)
@@ -403,7 +409,7 @@ def test_stopping_mid_file_keeps_the_progress_and_a_new_intake_finishes_the_file
         finally:
             again.stop()
         assert [m.record.value for m in buffered(store, "t")] == [r.value for r in records]
-        assert not path.exists()
+        assert not claimed(intake.dirs[0], "long.ferry").exists()
 
 
 def test_after_ingest_move_keeps_each_file_under_done_and_never_reads_it_again(
@@ -467,13 +473,14 @@ def test_a_full_disk_pauses_the_intake_mid_file_and_it_resumes_when_space_return
         wait_until(lambda: intake.registry.view().total(
             "messages_rejected", source="spool", reason="disk_full") > 0,
             timeout=60, message="the full disk refuses a spool batch")
-        assert scan.is_alive() and path.exists()  # paused, the file waiting on disk
+        # paused, the file waiting on disk (claimed)
+        assert scan.is_alive() and claimed(intake.dirs[0], "big.ferry").exists()
         partial = len(buffered(intake.store, "t"))
         assert 0 < partial < n
         filler.unlink()
         scan.join(60)
         assert not scan.is_alive(), "the intake did not resume once space returned"
-        assert not path.exists()
+        assert not path.exists() and not claimed(intake.dirs[0], "big.ferry").exists()
         got = buffered(intake.store, "t")
         assert [m.record.value for m in got] == [r.value for r in records]  # once, in order
         view = intake.registry.view()
@@ -626,26 +633,32 @@ def test_files_in_the_wrong_place_are_counted_and_logged_once(
         assert (root / "x.txt").exists() and (root / "t" / "data.csv").exists()
 
 
-def test_a_file_the_agent_cannot_delete_is_reported_and_not_ingested_twice(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_file_the_agent_cannot_claim_is_reported_once_and_read_once_it_can(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A file in a directory the agent may not write (a topic directory made with umask 022)
+    cannot be claimed, so it is not read at all (it could not be removed afterwards): logged
+    once at ERROR, counted, the other files go on; read once the permissions are fixed."""
     with intake_only(tmp_path) as intake:
         stuck = _hand_made(intake, "t", "x.txt", "once\n")
-        unlink = Path.unlink
+        rename = os.rename
 
-        def refuse(self: Path, missing_ok: bool = False) -> None:
-            if self == stuck:  # its directory is not writable for the agent
-                raise PermissionError(13, "Permission denied", str(self))
-            unlink(self, missing_ok)
+        def refuse(src: Any, dst: Any) -> None:
+            if Path(src) == stuck:
+                raise PermissionError(13, "Permission denied", str(src))
+            rename(src, dst)
 
-        monkeypatch.setattr(Path, "unlink", refuse)
-        assert intake.scan_once() == 0
-        later = place(intake, "later.ferry", [SpoolRecord("t", b"later")], block_bytes=1000)
-        intake.scan_once()  # the stuck file again (done: not re-read), then the new one
+        monkeypatch.setattr(os, "rename", refuse)
+        with caplog.at_level("ERROR", logger="agent.ingest.spool_intake"):
+            assert intake.scan_once() == 0
+            later = place(intake, "later.ferry", [SpoolRecord("t", b"later")], block_bytes=1000)
+            assert intake.scan_once() == 1  # the stuck file again (refused), then the new one
         assert stuck.exists() and not later.exists()
-        assert sorted(m.record.value for m in buffered(intake.store, "t")) == [b"later", b"once"]
+        assert [m.record.value for m in buffered(intake.store, "t")] == [b"later"]
         assert intake.registry.view().total("spool_files_failed", reason="unremovable") == 1
-        monkeypatch.setattr(Path, "unlink", unlink)  # someone fixes the permissions
+        errors = [r for r in caplog.records if "cannot be claimed" in r.getMessage()]
+        assert len(errors) == 1
+        monkeypatch.setattr(os, "rename", rename)  # someone fixes the permissions
         assert intake.scan_once() == 1
         assert not stuck.exists()
         assert sorted(m.record.value for m in buffered(intake.store, "t")) == [b"later", b"once"]
@@ -677,7 +690,9 @@ def test_a_hand_made_file_rewritten_while_read_is_quarantined_not_deleted(
 
         def then_rewritten(self: Any, *, deep: bool = False) -> int:
             count = verify(self, deep=deep)
-            path.write_text("a\n")  # a writer truncating and rewriting it in place
+            # A writer truncating and rewriting in place the file it still has open (the
+            # agent claimed it meanwhile: same inode, now under .ingesting/).
+            self.path.write_text("a\n")
             return count
 
         monkeypatch.setattr(spool_reader._LinesReader, "verify", then_rewritten)
@@ -685,3 +700,126 @@ def test_a_hand_made_file_rewritten_while_read_is_quarantined_not_deleted(
         assert not path.exists()
         reason = (intake.dirs[0] / "quarantine" / "t" / "x.txt.reason").read_text()
         assert "changed while being read" in reason
+
+
+# -- a file replaced while the agent ingests it ----------------------------------------------
+# A writer that rewrites a name (os.replace, as a retried Spark task or a script does) at each
+# stage of the agent's work on the file. The agent reads and removes only the file it claimed,
+# so the replacement is a new file, read in its turn; nothing is removed unread.
+STAGES = ("before_claim", "after_verify", "mid_read", "after_last_commit", "during_unlink")
+
+
+def _versions(kind: str) -> tuple[list[bytes], list[bytes]]:
+    """The first and the second content written under one name. Binary files are what a
+    retried task writes (its first, failed attempt published a prefix of the rows); the
+    hand-made ones are two different files."""
+    if kind == "ferry":
+        rows = [b"row-%06d" % i for i in range(45_000)]  # three batches of 20,000
+        return rows[:25_000], rows
+    first = [b"old-%06d" % i for i in range(45_000)]
+    return first, [b"new-%06d" % i for i in range(30_000)]
+
+
+def _write_version(folder: Path, name: str, values: list[bytes], kind: str) -> None:
+    tmp = folder / f".{name}.tmp"
+    if kind == "ferry":
+        tmp.write_bytes(encode_file([SpoolRecord("t", v, timestamp_ms=1) for v in values],
+                                    block_bytes=64 * 1024))
+    elif kind == "jsonl":
+        tmp.write_text("".join(json.dumps({"value": v.decode()}) + "\n" for v in values))
+    else:
+        tmp.write_bytes(b"".join(v + b"\n" for v in values))
+    _age(tmp)
+    os.replace(tmp, folder / name)
+
+
+@pytest.mark.parametrize("kind", ["ferry", "jsonl", "txt"])
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_file_replaced_at_any_stage_of_its_intake_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, stage: str
+) -> None:
+    first, second = _versions(kind)
+    name = f"data.{kind}"
+    with intake_only(tmp_path) as intake:
+        folder = intake.dirs[0] / "t"
+        folder.mkdir()
+        _write_version(folder, name, first, kind)
+        replaced = threading.Event()
+
+        def replace() -> None:
+            if not replaced.is_set():
+                replaced.set()
+                _write_version(folder, name, second, kind)
+
+        if stage == "before_claim":
+            real_claim = SpoolIntake._claim
+
+            def claim(self: SpoolIntake, root: Path, path: Path) -> Path | None:
+                replace()
+                return real_claim(self, root, path)
+
+            monkeypatch.setattr(SpoolIntake, "_claim", claim)
+        elif stage == "after_verify":
+            from spool import reader as spool_reader
+
+            for cls, method in ((spool_reader.BinarySpoolReader, "fingerprint"),
+                                (spool_reader._LinesReader, "verify")):
+                real = getattr(cls, method)
+
+                def checked(self: Any, *a: Any, _real: Any = real, **kw: Any) -> Any:
+                    result = _real(self, *a, **kw)
+                    replace()
+                    return result
+
+                monkeypatch.setattr(cls, method, checked)
+        elif stage == "mid_read":
+            from agent.ingest import spool_intake
+
+            real_puts = spool_intake._Progress.puts
+
+            def puts(self: Any, next_index: int) -> dict[bytes, bytes]:
+                if 0 < next_index < self.count:
+                    replace()  # between the file's first batch and its last
+                return real_puts(self, next_index)
+
+            monkeypatch.setattr(spool_intake._Progress, "puts", puts)
+        elif stage == "after_last_commit":
+            real_finish = SpoolIntake._finish
+
+            def finish(self: SpoolIntake, root: Path, path: Path, key: bytes | None) -> bool:
+                replace()
+                return real_finish(self, root, path, key)
+
+            monkeypatch.setattr(SpoolIntake, "_finish", finish)
+        else:
+            real_unlink = Path.unlink
+
+            def unlink(self: Path, missing_ok: bool = False) -> None:
+                if self.name == name:
+                    replace()
+                real_unlink(self, missing_ok)
+
+            monkeypatch.setattr(Path, "unlink", unlink)
+
+        intake.scan_once()
+        assert replaced.is_set(), "the replacement was not made at its stage"
+        while intake.scan_once():  # the replacement, in its turn
+            pass
+        assert not (folder / name).exists()
+        assert not claimed(intake.dirs[0], f"t/{name}").exists()
+        got = collections.Counter(m.record.value for m in buffered(intake.store, "t"))
+        view = intake.registry.view()
+    if kind == "ferry":
+        # The second file extends the first: every row once, whenever it was replaced.
+        assert got == collections.Counter(second)
+        if stage != "before_claim":
+            assert view.total("spool_files_extended") == 1
+            assert view.total("spool_records_skipped", reason="extension") == len(first)
+    elif stage == "before_claim":
+        # Replaced before the agent took it: the writer's own replace discarded the first
+        # file, which the agent never had; the second is ingested whole.
+        assert got == collections.Counter(second)
+    else:
+        assert got == collections.Counter(first + second)
+    assert view.total("spool_files_diverged") == 0
+    assert view.total("spool_files_quarantined") == 0

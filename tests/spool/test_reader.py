@@ -476,3 +476,34 @@ def test_topic_of_accepts_only_legal_topic_names(tmp_path: Path) -> None:
     assert reader.topic_of(b"orders.v2_x-y") == "orders.v2_x-y"  # cached
     for bad in (b"", b"a b", b"t\xff", b"x" * 250, b"caf\xc3\xa9"):
         assert reader.topic_of(bad) is None
+
+
+def test_a_fingerprint_is_of_the_records_bytes_not_of_where_blocks_are_cut(
+    tmp_path: Path,
+) -> None:
+    records = [SpoolRecord("t", b"v-%d" % i, key=b"k" if i % 2 else None) for i in range(500)]
+    small, large = tmp_path / "small.ferry", tmp_path / "large.ferry"
+    small.write_bytes(encode_file(records, block_bytes=300))
+    large.write_bytes(encode_file(records, block_bytes=1 << 20))
+    a = BinarySpoolReader(small).fingerprint()
+    b = BinarySpoolReader(large).fingerprint()
+    assert (a.records, a.size, a.digest) == (b.records, b.size, b.digest) == (
+        500, a.marks[-1].size, a.marks[-1].digest)
+    assert len(a.marks) > 10 and len(b.marks) == 1
+    # The digest at any record boundary of one file is the other's mark there.
+    for mark in a.marks:
+        assert BinarySpoolReader(large).fingerprint(mark.size).probe == mark.digest
+    assert BinarySpoolReader(large).fingerprint(b.size + 1).probe is None
+    # One byte of one value differs: another digest.
+    changed = list(records)
+    changed[250] = SpoolRecord("t", b"v-25X", key=b"k" if 250 % 2 else None)
+    other = tmp_path / "other.ferry"
+    other.write_bytes(encode_file(changed, block_bytes=300))
+    assert BinarySpoolReader(other).fingerprint().digest != a.digest
+
+
+def test_a_fingerprint_verifies_the_file_as_it_hashes_it(tmp_path: Path) -> None:
+    path = tmp_path / "cut.ferry"
+    path.write_bytes(encode_file([SpoolRecord("t", b"x" * 100)] * 50)[:-30])
+    with pytest.raises(SpoolFormatError, match="truncated|without a trailer"):
+        BinarySpoolReader(path).fingerprint()
