@@ -321,7 +321,7 @@ def clusters(view: View, ctx: Context) -> dict[str, Any]:
 
 
 def spool(view: View, ctx: Context) -> dict[str, Any]:
-    """Spool intake: files waiting, done and quarantined."""
+    """Spool intake: files waiting, done and quarantined; names that came again."""
     pending = _gauge(view, "spool_files_pending")
     return {
         "time": ctx.now,
@@ -330,6 +330,12 @@ def spool(view: View, ctx: Context) -> dict[str, Any]:
         "files_quarantined": _count(view.total("spool_files_quarantined")),
         "quarantined_by_reason": _counts(view.by("spool_files_quarantined", "reason")),
         "messages_accepted": _count(view.total("messages_accepted", source="spool")),
+        # Binary files whose name was ingested before (spool_seen): skipped as duplicates,
+        # ingested past the prefix already in, or ingested whole because they differ.
+        "files_duplicate": _count(view.total("spool_files_duplicate")),
+        "files_extended": _count(view.total("spool_files_extended")),
+        "files_diverged": _count(view.total("spool_files_diverged")),
+        "records_skipped": _count(view.total("spool_records_skipped")),
     }
 
 

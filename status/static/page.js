@@ -414,6 +414,10 @@
     setText("spool-quarantined", fmtInt(s.files_quarantined) +
       (reasons.length ? " (" + reasons.join(", ") + ")" : ""));
     setText("spool-accepted", fmtInt(s.messages_accepted));
+    // Re-published names (retried Spark tasks): "diverged" means records may repeat.
+    setText("spool-repeated", fmtInt(s.files_duplicate) + " duplicate, " +
+      fmtInt(s.files_extended) + " extended (" + fmtInt(s.records_skipped) +
+      " records skipped), " + fmtInt(s.files_diverged) + " diverged");
   }
 
   function sampleText(sample) {

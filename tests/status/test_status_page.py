@@ -127,6 +127,9 @@ def test_charts_render_and_change_as_messages_flow(
             act.discard("billing.events", 3, "ttl")
             act.reject("socket", "malformed", 2, detail="datagram shorter than its header")
             act.fail("billing.events", "local", "MSG_TIMED_OUT", "Local: Message timed out")
+            # A retried Spark task's file came again: only its new records were ingested.
+            act.registry.inc("spool_files_extended")
+            act.registry.inc("spool_records_skipped", 1200, reason="extension")
         seen = next_poll(chromium, seen)
 
     def charts_moved() -> bool:
@@ -161,6 +164,8 @@ def test_charts_render_and_change_as_messages_flow(
     assert all("datagram shorter than its header" in sample for sample in samples)
     assert texts(chromium, "#clusters tr[data-cluster='local'] td")[1] == "up"
     assert texts(chromium, "#rate-socket") != ["–"]
+    assert texts(chromium, "#spool-repeated") == [
+        "0 duplicate, 1 extended (1,200 records skipped), 0 diverged"]
     assert page_errors(chromium) == []
 
     shot = artifacts_dir / "status-page.png"

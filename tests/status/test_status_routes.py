@@ -57,6 +57,9 @@ def busy(activity: Activity) -> None:
     activity.cluster("remote", up=False)
     activity.registry.set("spool_files_pending", 4.0)
     activity.registry.inc("spool_files_quarantined", reason="corrupt")
+    activity.registry.inc("spool_files_duplicate")
+    activity.registry.inc("spool_files_diverged")
+    activity.registry.inc("spool_records_skipped", 30, reason="duplicate")
 
 
 def test_the_schema_is_a_valid_json_schema() -> None:
@@ -96,6 +99,8 @@ def test_documents_report_what_happened(status_server: StatusServer) -> None:
     assert clusters["local"]["up"] is True and clusters["remote"]["up"] is False
     assert clusters["local"]["latency"]["count"] == 20
     assert doc["spool"]["files_pending"] == 4 and doc["spool"]["files_quarantined"] == 1
+    assert (doc["spool"]["files_duplicate"], doc["spool"]["files_extended"],
+            doc["spool"]["files_diverged"], doc["spool"]["records_skipped"]) == (1, 0, 1, 30)
     groups = {(g["kind"], g["reason"]): g for g in doc["discards"]["groups"]}
     assert groups[("discarded", "ttl")]["count"] == 2
     assert len(groups[("discarded", "ttl")]["samples"]) == 2
