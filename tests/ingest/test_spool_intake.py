@@ -823,3 +823,42 @@ def test_a_file_replaced_at_any_stage_of_its_intake_loses_nothing(
         assert got == collections.Counter(first + second)
     assert view.total("spool_files_diverged") == 0
     assert view.total("spool_files_quarantined") == 0
+
+
+def test_retried_tasks_republishing_files_while_the_agent_reads_them_reach_kafka_once(
+    tmp_path: Path, session_broker: Broker, unique_topic: str
+) -> None:
+    """What a Spark job with failing tasks does to a spool directory (per-node agents, the
+    writer's publish="task" mode): each partition's first attempt publishes a prefix of its
+    rows (its input ended early because Python upstream of the writer raised), and its retry
+    replaces the name with the whole partition, here the moment the agent has claimed the
+    prefix and is reading it. Every row reaches Kafka exactly once."""
+    names, rows_per_file = 5, 30_000
+    expected: list[bytes] = []
+    with spool_agent(tmp_path, session_broker.bootstrap) as agent:
+        spool = _spool(agent)
+        for f in range(names):
+            rows = [b"p%d-row-%06d" % (f, i) for i in range(rows_per_file)]
+            expected += rows
+            cut = rows_per_file // (f + 2)
+            name = f"spark-job-{f:05d}.ferry"
+            write_spool_file(spool, name, [SpoolRecord(unique_topic, v) for v in rows[:cut]],
+                             replace=True)
+            agent.stages[-1].wake()  # type: ignore[attr-defined]
+            wait_until(lambda name=name: not (spool / name).exists(), timeout=30,
+                       interval=0.001, message="the agent claims the failed attempt's file")
+            write_spool_file(spool, name, [SpoolRecord(unique_topic, v) for v in rows],
+                             replace=True)
+        agent.stages[-1].wake()  # type: ignore[attr-defined]
+        got = consume_all(session_broker.bootstrap, unique_topic, len(expected), timeout=120)
+        wait_until(lambda: not agent.store.topic_stats(), message="buffer drained")
+        wait_until(lambda: not any(spool.rglob("*.ferry")), message="files removed")
+        view = agent.registry.view()
+    got = read_topic(session_broker.bootstrap, unique_topic, timeout=60)
+    counts = collections.Counter(m.value for m in got)
+    lost = set(expected) - set(counts)
+    duplicated = sum(n - 1 for n in counts.values() if n > 1)
+    assert (len(lost), duplicated) == (0, 0), f"lost {len(lost)}, duplicated {duplicated}"
+    assert len(got) == len(expected)
+    assert view.total("spool_files_extended") + view.total("spool_files_duplicate") == names
+    assert view.total("spool_files_diverged") == 0
