@@ -111,13 +111,6 @@ class SpoolConfig(_Section):
     dirs: list[Path] = Field(default_factory=lambda: [Path("/var/lib/ferry/spool")])
     after_ingest: Literal["delete", "move"] = "delete"  # "move" keeps files in <dir>/done/
     scan_interval_seconds: float = Field(default=5.0, gt=0)
-
-
-class KafkaClusterConfig(_Section):
-    bootstrap_servers: str = "localhost:9092"
-    # Any librdkafka property (TLS, SASL, ...); applied after Ferry's own defaults.
-    properties: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    # Nothing acknowledged for this long while messages are outstanding => the cluster is down.
     # How long the content of a binary file ingested under a name is remembered, so a file
     # re-published under that name (a retried Spark task, a re-run with the same jobId) is
     # not ingested twice. 0 remembers nothing: every file is ingested whole.
@@ -127,6 +120,13 @@ class KafkaClusterConfig(_Section):
     # staged_retention_seconds, which must outlast the longest job.
     stale_temp_seconds: float = Field(default=3600, gt=0)
     staged_retention_seconds: float = Field(default=2 * 24 * 3600, gt=0)
+
+
+class KafkaClusterConfig(_Section):
+    bootstrap_servers: str = "localhost:9092"
+    # Any librdkafka property (TLS, SASL, ...); applied after Ferry's own defaults.
+    properties: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    # Nothing acknowledged for this long while messages are outstanding => the cluster is down.
     outage_after_seconds: float = Field(default=10.0, gt=0)
 
 
