@@ -7,13 +7,16 @@
 path's runs of one topic); ``--headers`` gives every record a header (the record-at-a-time
 fallback).
 
-No Kafka: this measures the ingest half (read + verify + convert + commit with progress).
-Prints records/s from the first scan to the last file finished, and the buffer's count.
+No Kafka: this measures the ingest half (claim + read + verify and fingerprint + convert +
+commit with progress). Prints records/s from the first scan to the last file finished, the
+buffer's count, and the process's CPU time per record (user + system, every thread): on a
+shared machine the CPU figure moves far less than the rate.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
 import tempfile
 import time
@@ -61,9 +64,12 @@ def main() -> None:
         (root / "spool").mkdir()
         for f in staging.iterdir():
             f.rename(root / "spool" / f.name)
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         finished = intake.scan_once()
         dt = time.perf_counter() - t0
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
         total = sum(s.messages for s in store.topic_stats())
         commits = registry.view().total("buffer_commits")
         committer.close()
@@ -71,6 +77,7 @@ def main() -> None:
         print(f"files: {finished}/{args.files}; records in the buffer: {total} of "
               f"{per * args.files}; commits: {commits:.0f}")
         print(f"spool intake: {total / dt:,.0f} records/s ({dt:.2f} s, {args.size}-byte values)")
+        print(f"CPU: {cpu / max(total, 1) * 1e6:.2f} us per record ({cpu:.2f} s user + system)")
 
 
 if __name__ == "__main__":
