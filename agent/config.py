@@ -55,6 +55,11 @@ class BufferConfig(_Section):
     # small machine its commits otherwise wait for a CPU behind less urgent threads; see
     # docs/buffer.md. Needs RLIMIT_NICE (the packaged unit's LimitNICE=-5) or CAP_SYS_NICE.
     writer_nice: int = Field(default=-5, ge=-20, le=19)
+    # Disk space kept allocated beyond what the buffer's file uses, never given to new
+    # messages: what deletes need when the filesystem is full (docs/buffer.md, "Disk space").
+    reserve_bytes: int = Field(default=32 * 1024**2, ge=1024**2)
+    # Allocate the whole buffer (max_bytes and LMDB's headroom) at start, not as it grows.
+    preallocate: bool = False
 
 
 class SocketConfig(_Section):

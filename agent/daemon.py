@@ -132,9 +132,12 @@ class Agent:
     def __init__(self, config: FerryConfig, registry: Registry = REGISTRY) -> None:
         self.config = config
         self.registry = registry
+        # A buffer without its disk reserve stops start-up (docs/buffer.md, "Disk space").
         self.store = Store(config.buffer.path, config.buffer.max_bytes,
                            track=config.status.track_messages,
-                           track_seconds=config.status.track_seconds)
+                           track_seconds=config.status.track_seconds,
+                           reserve_bytes=config.buffer.reserve_bytes,
+                           preallocate=config.buffer.preallocate, open_space="require")
         self.committer = Committer(self.store, registry=registry,
                                    max_batch_messages=config.buffer.commit_max_messages,
                                    linger_ms=config.buffer.commit_interval_ms,

@@ -21,7 +21,6 @@ from agent.buffer.store import (
     BufferFull,
     BufferUnavailable,
     EncodedGroup,
-    InvalidGroup,
     StateChange,
     Store,
 )
@@ -39,6 +38,11 @@ Group = tuple[Sequence[Record], Callable[[list[bytes]], Mapping[bytes, bytes]] |
 # After this long, a refusal no longer counts as "full" for readiness unless a commit says so
 # again (a refusal by the filesystem rather than by the buffer's size need not shrink it).
 FULL_RECHECK_SECONDS = 5.0
+# A refusal episode ends (and is logged as over) once this long has passed without a refusal:
+# near the limit, commits alternate between stored and refused, which must not log each time.
+REFUSING_QUIET_SECONDS = 5.0
+# Refusals that say the buffer (or its disk) has no room, as opposed to bad input.
+_SPACE_REASONS = frozenset({"buffer_full", "disk_full", "disk_error"})
 
 
 class ShuttingDown(Exception):
@@ -113,6 +117,7 @@ class Committer:
         self._used_at_refusal = 0
         self._refused_at = 0.0
         self._full_by_size = False  # refused for max_bytes (BufferFull), not by the disk
+        self._refusing = _Refusing()  # the current refusal episode, for the log
         self._thread = threading.Thread(target=self._run, name=f"committer-{name}", daemon=True)
 
     def start(self) -> None:
@@ -296,15 +301,15 @@ class Committer:
         try:
             appended = self.store.append([s.records for s in taken], states=states)
             results = list(appended)
-            full = by_size = any(isinstance(r, BufferFull) and not isinstance(r, InvalidGroup)
-                                 for r in results)
+            reasons = {r.reason for r in results if isinstance(r, BufferFull)}
+            full = bool(reasons & _SPACE_REASONS)
+            by_size = "buffer_full" in reasons
         except (BufferFull, BufferUnavailable) as exc:
-            # The transaction was aborted: nothing of it is on disk.
+            # The transaction was aborted: nothing of it is on disk. (Logged once per
+            # episode by _account, not per commit.)
             results = [exc] * len(taken)
             full = True
-            by_size = isinstance(exc, BufferFull)
-            log.warning("buffer refused %d messages: %s",
-                        sum(len(s.records) for s in taken), exc)
+            by_size = exc.reason == "buffer_full"
         except Exception as exc:  # noqa: BLE001 - never let the writer thread die silently
             log.exception("buffer commit failed")
             results = [BufferUnavailable("disk_error", f"commit failed: {exc}")] * len(taken)
@@ -333,6 +338,8 @@ class Committer:
         reg.observe("buffer_commit_seconds", elapsed, writer=self.name)
         reg.set("buffer_full", 1.0 if self._full else 0.0)
         accepted: dict[tuple[str, str], int] = {}
+        refused: dict[str, int] = {}
+        detail = ""
         for sub, result in zip(taken, results, strict=True):
             if isinstance(result, list):
                 if isinstance(sub.records, EncodedGroup):
@@ -344,18 +351,55 @@ class Committer:
                     k = (sub.source, r.topic)
                     accepted[k] = accepted.get(k, 0) + 1
             else:
-                if isinstance(result, InvalidGroup):
-                    reason = "invalid"
-                elif isinstance(result, BufferFull):
-                    reason = "buffer_full"
-                else:
-                    reason = result.reason
+                reason = result.reason
+                if reason in _SPACE_REASONS:
+                    refused[reason] = refused.get(reason, 0) + len(sub.records)
+                    detail = str(result)
                 reg.inc("messages_rejected", len(sub.records), source=sub.source, reason=reason)
                 # The status page shows recent examples of every reject reason.
                 reg.sample("rejected", reason, {"source": sub.source, "detail": str(result),
                                                 "messages": len(sub.records)})
         for (source, topic), n in accepted.items():
             reg.inc("messages_accepted", n, source=source, topic=topic)
+        self._refusing.update(refused, detail, sum(accepted.values()), time.monotonic())
+
+
+class _Refusing:
+    """Logs refusals for lack of space once per change of state, with counts: when they
+    start, when a new reason joins, and when none came for REFUSING_QUIET_SECONDS. A full
+    buffer or disk refuses every group; a line per refused group was thousands a second."""
+
+    def __init__(self) -> None:
+        self.since = 0.0  # 0: not refusing
+        self.last = 0.0
+        self.counts: dict[str, int] = {}
+        self.accepted = 0  # messages stored meanwhile (commits alternate near the limit)
+
+    def update(self, refused: Mapping[str, int], detail: str, accepted: int,
+               now: float) -> None:
+        if refused:
+            if not self.since:
+                self.since = now
+                self.counts = {}
+                self.accepted = 0
+            for reason, n in refused.items():
+                if reason not in self.counts:
+                    self.counts[reason] = 0
+                    log.warning("the buffer refuses new messages (%s): %s; they are counted "
+                                "as messages_rejected{reason=%s} and refused until there is "
+                                "room again", reason, detail, reason)
+                self.counts[reason] += n
+            self.last = now
+            self.accepted += accepted
+            return
+        if not self.since:
+            return
+        self.accepted += accepted
+        if accepted and now - self.last >= REFUSING_QUIET_SECONDS:
+            counts = ", ".join(f"{n} {reason}" for reason, n in sorted(self.counts.items()))
+            log.warning("the buffer accepts new messages again: %s refused over %.1f s "
+                        "(%d stored meanwhile)", counts, self.last - self.since, self.accepted)
+            self.since = 0.0
 
 
 def _set_own_nice(nice: int, thread: str) -> bool:

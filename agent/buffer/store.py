@@ -30,11 +30,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import lmdb
 
 from agent.buffer import codec, keys
+from agent.buffer.space import InsufficientSpace as InsufficientSpace  # the daemon's
+from agent.buffer.space import Space, prepare_lock_file
 from agent.records import Record
 
 log = logging.getLogger(__name__)
@@ -54,10 +56,18 @@ _INITIAL_MAP = 256 * 1024 * 1024
 RECORD_OVERHEAD = 48
 # Less free space than this on the buffer's filesystem when a write fails means "disk full".
 _LOW_DISK_BYTES = 16 * 1024 * 1024
+# Allocated space beyond LMDB's last page that new messages never use (space.py): what the
+# forwarder's deletes, tracking and state need to drain a buffer whose filesystem is full.
+DEFAULT_RESERVE = 32 * 1024 * 1024
+# What a commit may take on disk beyond its messages' estimate: the copied path of each tree
+# it touches, counts, the id counter, state (pages).
+_COMMIT_PAGES = 16
 
 
 class BufferFull(Exception):
     """Accepting this would take the buffer past ``buffer.max_bytes``."""
+
+    reason = "buffer_full"  # what messages_rejected counts it as
 
 
 class InvalidGroup(BufferFull):
@@ -65,6 +75,16 @@ class InvalidGroup(BufferFull):
 
     A subclass of BufferFull only so callers that handle refusals keep working; the reason
     counted is ``invalid``."""
+
+    reason = "invalid"
+
+
+class DiskFull(BufferFull):
+    """The buffer's filesystem is full: storing this would use the reserve kept for deletes
+    (space.py). Refused before anything was written; accepted again as the buffer drains
+    or the filesystem frees up. A BufferFull so callers that handle refusals keep working."""
+
+    reason = "disk_full"
 
 
 class BufferUnavailable(Exception):
@@ -196,10 +216,20 @@ class Store:
         track: bool = True,
         track_seconds: int = 3600,
         readonly: bool = False,
+        reserve_bytes: int = DEFAULT_RESERVE,
+        preallocate: bool = False,
+        open_space: Literal["skip", "try", "require"] = "skip",
     ) -> None:
+        """``reserve_bytes``/``preallocate``: the disk space kept ahead of LMDB (space.py),
+        the reserve at most half the map's headroom; appends grow the file to keep it.
+        ``open_space``: whether opening allocates it at once: "require" raises
+        InsufficientSpace when the filesystem cannot provide it (the daemon's start-up),
+        "try" logs that and opens all the same, "skip" (tools, the forwarder process,
+        tests reading a running agent's buffer) leaves the file as it is."""
         self.path = path
         self.max_bytes = max_bytes
-        self.map_cap = max_bytes + max(int(max_bytes * _HEADROOM_FRACTION), _HEADROOM_MIN)
+        headroom = max(int(max_bytes * _HEADROOM_FRACTION), _HEADROOM_MIN)
+        self.map_cap = max_bytes + headroom
         self.track = track
         self.track_seconds = track_seconds
         # Tracking lives in the map's headroom, outside max_bytes: cap it by count so that it
@@ -208,20 +238,28 @@ class Store:
         self.max_tracking = max(10_000, (self.map_cap - max_bytes) // 4 // 512)
         if not readonly:
             path.mkdir(parents=True, exist_ok=True)
+            prepare_lock_file(path)
         existing = path / "data.mdb"
         start = max(initial_map_bytes, existing.stat().st_size if existing.exists() else 0)
-        self._env = lmdb.open(
-            str(path),
-            map_size=min(start, self.map_cap),
-            max_dbs=8,
-            sync=True,
-            metasync=True,
-            writemap=False,
-            map_async=False,
-            readahead=False,
-            readonly=readonly,
-            lock=True,
-        )
+        try:
+            self._env = lmdb.open(
+                str(path),
+                map_size=min(start, self.map_cap),
+                max_dbs=8,
+                sync=True,
+                metasync=True,
+                writemap=False,
+                map_async=False,
+                readahead=False,
+                readonly=readonly,
+                lock=True,
+            )
+        except lmdb.Error as exc:
+            # A new environment's first pages could not be written: say why, clearly.
+            refusal = _unavailable(exc, path)
+            if refusal.reason == "disk_full" and not readonly:
+                raise InsufficientSpace(f"cannot create the buffer: {refusal}") from None
+            raise
         # A map another process grew is larger than ours: adopt it.
         self._env.set_mapsize(0)
         # Reader slots of processes that died inside a read transaction (a forwarder killed
@@ -236,6 +274,22 @@ class Store:
         self._meta = self._env.open_db(b"meta", create=not readonly)
         self._state = self._env.open_db(b"state", create=not readonly)
         self._tracking = self._env.open_db(b"tracking", create=not readonly)
+        self._main = self._env.open_db(None)
+        self._dbs = (self._main, self._messages, self._meta, self._state, self._tracking)
+        self.space: Space | None = None
+        if not readonly:
+            # After lmdb.open: a new environment's file must hold LMDB's meta pages before
+            # it is extended (a file of zeros is "not an LMDB file").
+            self.space = Space(existing, cap=self.map_cap,
+                               reserve=min(reserve_bytes, headroom // 2),
+                               preallocate=preallocate)
+            try:
+                if open_space != "skip":
+                    self.space.open_check(self._used_end(), strict=open_space == "require")
+            except BaseException:
+                self.space.close()
+                self._env.close()
+                raise
         # set_mapsize() may only run while this process has no transaction open; every
         # transaction goes through _txn(), which counts them.
         self._gate = threading.Condition()
@@ -243,6 +297,8 @@ class Store:
         self._resizing = False
 
     def close(self) -> None:
+        if self.space is not None:
+            self.space.close()
         self._env.close()
 
     def __enter__(self) -> Store:
@@ -333,6 +389,55 @@ class Store:
     def map_size(self) -> int:
         return int(self._env.info()["map_size"])
 
+    def _used_end(self) -> int:
+        """Where LMDB's last page ends: beyond it, the file is space LMDB has never used.
+        (Read from the latest commit; inside a write transaction, before it writes.)"""
+        return (int(self._env.info()["last_pgno"]) + 1) * self._psize
+
+    def _disk_room(self, txn: lmdb.Transaction) -> int:
+        """Bytes new messages may still take in this write transaction without the
+        filesystem and without the reserve: the file's allocated part beyond LMDB's last
+        page, less the reserve, plus the pages on LMDB's free list. (The free list is
+        estimated as the pages no tree holds; pages freed too recently to be reused yet and
+        the free list's own pages are counted too, which the reserve absorbs.)"""
+        space = self.space
+        if space is None:
+            return 1 << 62
+        last = int(self._env.info()["last_pgno"]) + 1
+        held = 2  # the two meta pages
+        for db in self._dbs:
+            s = txn.stat(db)
+            held += s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"]
+        return (space.allocated - last * self._psize - space.reserve
+                + max(last - held, 0) * self._psize)
+
+    def _fit_on_disk(self, txn: lmdb.Transaction, need: int, room: int | None
+                     ) -> tuple[int, BufferFull | None]:
+        """Whether ``need`` more bytes of messages fit on disk in this transaction, given
+        ``room`` (what ``_disk_room`` left after the groups before; None: not asked yet).
+        Returns the room left after them and None, or the room and the refusal: DiskFull,
+        or BufferFull when the map itself is at its cap. Grows the file if it must."""
+        if room is None:
+            room = self._disk_room(txn)
+        # Pages are not filled to the brim (a split leaves two half-full pages): count
+        # twice the bytes, and the pages each commit copies.
+        disk = 2 * need + _COMMIT_PAGES * self._psize
+        if disk <= room:
+            return room - disk, None
+        space = self.space
+        assert space is not None  # _disk_room is unlimited without it
+        taken = self._disk_room(txn) - room  # by earlier groups of this transaction
+        if space.ensure(self._used_end() + space.reserve + taken + disk):
+            room = self._disk_room(txn) - taken
+            if disk <= room:
+                return room - disk, None
+        if space.allocated >= space.cap:
+            return room, BufferFull(f"the buffer's LMDB map is nearly full: {disk} bytes "
+                                    f"do not fit in the {max(room, 0)} left beside its "
+                                    "reserve")
+        return room, DiskFull(f"disk full under {self.path}: {disk} bytes do not fit in the "
+                              f"{max(room, 0)} left beside the {space.reserve}-byte reserve")
+
     # -- ingest side -----------------------------------------------------------------------
     def append(
         self,
@@ -355,6 +460,8 @@ class Store:
 
         def body(txn: lmdb.Transaction) -> list[list[bytes] | BufferFull]:
             room = self.max_bytes - self._used(txn) if enforce_limit else 1 << 62
+            disk_room: int | None = None if enforce_limit else 1 << 62
+            refusal: BufferFull | None
             raw = txn.get(_LAST_ID, db=self._meta)
             last_ts, seq = keys.ID.unpack(raw) if raw else (0, 0)
             ts = max(int(time.time() * 1000), last_ts)
@@ -396,6 +503,10 @@ class Store:
                         results.append(BufferFull(
                             f"buffer full: {need} bytes do not fit in the {max(room, 0)} left"))
                         continue
+                    disk_room, refusal = self._fit_on_disk(txn, need, disk_room)
+                    if refusal is not None:
+                        results.append(refusal)
+                        continue
                     room -= need
                     for t, n, size in added:
                         t[2] += n
@@ -429,6 +540,10 @@ class Store:
                     # The ids allocated for this group are simply never used.
                     results.append(BufferFull(
                         f"buffer full: {need} bytes do not fit in the {max(room, 0)} left"))
+                    continue
+                disk_room, refusal = self._fit_on_disk(txn, need, disk_room)
+                if refusal is not None:
+                    results.append(refusal)
                     continue
                 room -= need
                 for (k, value), r in zip(encoded, group, strict=True):
@@ -514,6 +629,14 @@ class Store:
                 items.append((topic_keys, values))
             if need > room:
                 raise BufferFull(f"buffer full: {need} bytes do not fit in the {max(room, 0)} left")
+            if enforce_limit and need:
+                _, refusal = self._fit_on_disk(txn, need, None)
+                if isinstance(refusal, DiskFull):
+                    # Raised as the filesystem's refusal, which the spool intake counts
+                    # by its reason (disk_full) and waits out.
+                    raise BufferUnavailable("disk_full", str(refusal))
+                if refusal is not None:
+                    raise refusal
             if items:
                 with txn.cursor(self._messages) as cur:
                     for topic_keys, values in items:

@@ -46,7 +46,9 @@ def main(config_data: dict[str, Any], conn: Connection) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     stop = threading.Event()
     store = Store(config.buffer.path, config.buffer.max_bytes,
-                  track=config.status.track_messages, track_seconds=config.status.track_seconds)
+                  track=config.status.track_messages, track_seconds=config.status.track_seconds,
+                  reserve_bytes=config.buffer.reserve_bytes,
+                  preallocate=config.buffer.preallocate)
     forwarder = Forwarder(config, store, topic_settings=_topic_settings(config, store))
 
     def talk() -> None:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.buffer.committer import Committer, Result, ShuttingDown
-from agent.buffer.store import BufferFull, EncodedGroup
+from agent.buffer.store import EncodedGroup
 from agent.config import FerryConfig, TopicConfig
 from agent.ingest import datagram
 from agent.ingest.gil import lower_switch_interval
@@ -199,9 +199,12 @@ class SocketServer:
 
 
 def _log_refusal(result: Result) -> None:
-    # The committer counts refused groups (messages_rejected{reason=buffer_full|disk_*}).
+    # The committer counts refused groups (messages_rejected{reason=buffer_full|disk_*}) and
+    # logs refusals for lack of space once per episode: a line per group would be thousands
+    # a second while the buffer or its disk is full.
     if not isinstance(result, list):
-        level = logging.WARNING if isinstance(result, BufferFull) else logging.ERROR
+        level = (logging.DEBUG if result.reason in ("buffer_full", "disk_full", "disk_error")
+                 else logging.WARNING)
         log.log(level, "datagrams refused: %s", result)
 
 

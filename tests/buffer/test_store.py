@@ -423,7 +423,8 @@ def test_map_grows_from_a_small_start_up_to_the_cap(tmp_path: Path) -> None:
         assert len(read_all(s, "t")) == 40
     # Reopening with the same small start adopts the grown map and keeps everything.
     with Store(tmp_path / "b", 16 * MB, initial_map_bytes=64 * 1024) as s:
-        assert s.map_size() >= (tmp_path / "b" / "data.mdb").stat().st_size
+        # (The file itself is larger: allocated ahead of the map's use, agent/buffer/space.py.)
+        assert s.map_size() >= grown
         assert [m.record.value[:1] for m in read_all(s, "t")] == [bytes([i]) for i in range(40)]
         ids_of(s.append([[Record("t", b"more" * 10_000)]]))
 

@@ -81,7 +81,8 @@ def test_full_disk_refuses_input_clearly_and_recovers_when_space_returns(
     filler.write_bytes(b"\0" * 6 * 1024 * 1024)
     config = load_config(write_config(
         tmp_path, broker.bootstrap, http=False,
-        buffer={"path": small_disk / "buffer", "max_bytes": 512 * 1024 * 1024}))
+        buffer={"path": small_disk / "buffer", "max_bytes": 512 * 1024 * 1024,
+                "reserve_bytes": 2 * 1024 * 1024}))
     broker.stop()  # nothing leaves the buffer: the disk must fill
     agent = Agent(config, registry=Registry())
     agent.start()

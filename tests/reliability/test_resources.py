@@ -212,7 +212,8 @@ def test_full_disk_over_http_is_503_never_500_and_recovers(
     filler.write_bytes(b"\0" * 6 * MB)
     topic = "disk-full-http"
     config = write_config(tmp_path / "agent", broker.bootstrap, spool=False,
-                          buffer={"path": small_disk / "buffer", "max_bytes": 512 * MB},
+                          buffer={"path": small_disk / "buffer", "max_bytes": 512 * MB,
+                                  "reserve_bytes": 2 * MB},
                           topics={"default": {"ack_timeout_ms": 0}})
     broker.stop()  # nothing leaves the buffer: the disk must fill
     with Agent(config) as agent, httpx.Client(timeout=10) as client:

@@ -590,8 +590,9 @@ def _ids(result: Any, n: int) -> list[bytes]:
         raise HttpError(400, "invalid_body", f"the message cannot be stored: {result}",
                         count=n)
     if isinstance(result, BufferFull):
-        # Counted by the committer (messages_rejected reason buffer_full).
-        raise HttpError(503, "buffer_full",
+        # Counted by the committer (messages_rejected reason buffer_full, or disk_full when
+        # the filesystem is what is full: store.DiskFull).
+        raise HttpError(503, result.reason,
                         f"Ferry's buffer is full; nothing was stored: {result}",
                         retry_after=RETRY_FULL, count=n)
     if isinstance(result, BufferUnavailable):
