@@ -60,6 +60,8 @@ class BufferConfig(_Section):
     reserve_bytes: int = Field(default=32 * 1024**2, ge=1024**2)
     # Allocate the whole buffer (max_bytes and LMDB's headroom) at start, not as it grows.
     preallocate: bool = False
+    # The discard log stops growing here: further discards wait in the buffer (0: no limit).
+    discard_log_max_bytes: int = Field(default=1024**3, ge=0)
 
 
 class SocketConfig(_Section):

@@ -4,6 +4,12 @@ Each line holds everything needed to send the message again (``ferry replay FILE
 base64 key and value, partition key, client timestamp, headers, plus why and when it was
 discarded. Lines are fsynced before the buffer deletes the messages, so a crash in between
 leaves a message in both places (replay may duplicate it) but never in neither.
+
+The file never holds a broken line: a write the disk cuts short is truncated away at once,
+and a line a crash cut short is cut off before the next write (its messages were still in
+the buffer, and are discarded and written again). It is bounded by
+``buffer.discard_log_max_bytes``: past it, writes are refused like a full disk, and the
+forwarder keeps those messages in the buffer until there is room (docs/buffer.md).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import logging
 import os
 import threading
 import time
@@ -21,6 +28,10 @@ from typing import Any
 
 from agent.config import is_valid_topic
 from agent.records import Record
+
+log = logging.getLogger(__name__)
+# How far back to look for the end of the last whole line (a line holds one message, base64).
+_TAIL_CHUNK = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,15 +75,22 @@ def to_line(d: Discard, now_ms: int) -> dict[str, Any]:
     return line
 
 
+class DiscardLogFull(OSError):
+    """Writing would take the discard log past ``buffer.discard_log_max_bytes``."""
+
+
 class DiscardLog:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, max_bytes: int = 0) -> None:
         self.path = path
+        self.max_bytes = max_bytes  # 0: no limit
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._tail_checked = False
 
     def write(self, discards: Sequence[Discard]) -> None:
-        """Append and fsync. Raises OSError when the disk refuses (the caller keeps the
-        messages buffered and tries again later)."""
+        """Append and fsync, all lines or none. Raises OSError when the disk refuses, and
+        DiscardLogFull at the size limit (the caller keeps the messages buffered and tries
+        again later)."""
         if not discards:
             return
         now_ms = int(time.time() * 1000)
@@ -80,9 +98,18 @@ class DiscardLog:
             json.dumps(to_line(d, now_ms), separators=(",", ":")) + "\n" for d in discards
         ).encode()
         with self._lock:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o640)
             try:
                 size = os.fstat(fd).st_size
+                if not self._tail_checked:
+                    size = _cut_partial_line(fd, size, self.path)
+                    self._tail_checked = True
+                if self.max_bytes and size + len(data) > self.max_bytes:
+                    raise DiscardLogFull(
+                        f"the discard log {self.path} is full: {size} bytes, and "
+                        f"{len(discards)} more lines ({len(data)} bytes) would pass "
+                        f"buffer.discard_log_max_bytes = {self.max_bytes}; move it away "
+                        "(after `ferry replay` if its messages are wanted)")
                 try:
                     view = memoryview(data)
                     while view:
@@ -97,6 +124,28 @@ class DiscardLog:
                     raise
             finally:
                 os.close(fd)
+
+
+def _cut_partial_line(fd: int, size: int, path: Path) -> int:
+    """Truncate a last line that does not end in a newline (a crash in the middle of a
+    write); returns the size after. The messages on it were not deleted yet."""
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return size
+    end = size
+    while end > 0:
+        start = max(0, end - _TAIL_CHUNK)
+        chunk = os.pread(fd, end - start, start)
+        nl = chunk.rfind(b"\n")
+        if nl >= 0:
+            keep = start + nl + 1
+            break
+        end = start
+    else:
+        keep = 0
+    os.ftruncate(fd, keep)
+    log.warning("cut a partial last line of %d bytes off the discard log %s (a write cut "
+                "short by a crash; its messages stayed in the buffer)", size - keep, path)
+    return keep
 
 
 class ReplayError(ValueError):

@@ -58,6 +58,13 @@ STALE_PRODUCER = {
 REPLACE_INTERVAL = 5.0
 # Most expired messages one step discards from a topic it cannot send to (_expire_head).
 EXPIRE_PER_STEP = 2000
+# While the discard log refuses lines (disk full, or at buffer.discard_log_max_bytes), the
+# discarded messages wait in memory (and in the buffer); beyond this many, no new messages
+# are read until they can leave, so memory stays bounded. Deliveries go on meanwhile.
+MAX_HELD_DISCARDS = 20_000
+# After a failed delete (disk trouble), or a refused discard-log write, try again this late.
+DELETE_RETRY_SECONDS = 0.5
+DISCARD_LOG_RETRY_SECONDS = 1.0
 
 
 @dataclass(slots=True, eq=False)
@@ -98,11 +105,42 @@ class _TopicState:
     recovering: bool = False
 
 
+class _Trouble:
+    """A step that fails again and again (a delete on a full disk, a discard log that
+    refuses lines), logged when it starts failing and when it works again, with counts:
+    not at every attempt (the issue saw 23 lines a second)."""
+
+    def __init__(self, what: str, registry: Registry, sample: str) -> None:
+        self.what = what
+        self.registry = registry
+        self.sample = sample
+        self.since = 0.0  # 0: working
+        self.attempts = 0
+
+    def failed(self, exc: BaseException, waiting: int, then: str) -> None:
+        self.attempts += 1
+        if self.since:
+            return
+        self.since = time.monotonic()
+        log.error("%s failed: %s; %d messages wait in the buffer, %s (logged again once "
+                  "it works)", self.what, exc, waiting, then)
+        self.registry.sample("error", self.sample, {"detail": f"{self.what}: {exc}",
+                                                    "messages": waiting})
+
+    def worked(self, done: int) -> None:
+        if not self.since:
+            return
+        log.warning("%s works again after %d failed attempts over %.1f s (%d messages now)",
+                    self.what, self.attempts, time.monotonic() - self.since, done)
+        self.since = 0.0
+        self.attempts = 0
+
+
 @dataclass
 class _Leaving:
     """What waits for the next batched durable delete. Acknowledged messages, the common
-    case, go in ``runs`` (lists per topic and cluster, no object per message); discards and
-    the rest as ``outcomes``."""
+    case, go in ``runs`` (lists per topic and cluster, no object per message); discards
+    as ``outcomes`` (with their ``flights`` and ``discards``, index for index)."""
 
     outcomes: list[Outcome] = field(default_factory=list)
     flights: list[Flight | None] = field(default_factory=list)
@@ -131,7 +169,8 @@ class Forwarder:
         self.config = config
         self.store = store
         self.registry = registry
-        self.discard_log = discard_log or DiscardLog(config.discard_log_path)
+        self.discard_log = discard_log or DiscardLog(config.discard_log_path,
+                                                     config.buffer.discard_log_max_bytes)
         self.topic_settings = topic_settings or config.topic
         fwd = config.forwarder
         if clusters is None:
@@ -154,6 +193,10 @@ class Forwarder:
         self._next_topic_scan = 0.0
         self._next_gauges = 0.0
         self._replaced: dict[tuple[str, str], float] = {}
+        self._delete_trouble = _Trouble("removing messages from the buffer", registry,
+                                        "buffer_delete")
+        self._log_trouble = _Trouble("writing the discard log", registry, "discard_log")
+        self._log_retry_at = 0.0
 
     # -- the loop --------------------------------------------------------------------------
     def run(self, should_stop: Callable[[], bool]) -> None:
@@ -195,6 +238,9 @@ class Forwarder:
 
     # -- reading ---------------------------------------------------------------------------
     def _read_and_send(self, now: float) -> bool:
+        lv = self._leaving
+        if len(lv.discards) - lv.logged >= MAX_HELD_DISCARDS:
+            return False  # the discard log refuses lines: hold no more (see the constant)
         if now >= self._next_topic_scan:
             for t in self.store.topics():
                 self._topics.setdefault(t, _TopicState())
@@ -644,29 +690,52 @@ class Forwarder:
                                   reason="corrupt"), discard=d)
         log.error("discarding undecodable message %s of %s: %s", d.message_id, m.topic, m.error)
 
-    def _leave(self, f: Flight | None, outcome: Outcome, discard: Discard | None = None) -> None:
+    def _leave(self, f: Flight | None, outcome: Outcome, discard: Discard) -> None:
         lv = self._leaving
         if not len(lv):
             lv.since = time.monotonic()
         lv.outcomes.append(outcome)
         lv.flights.append(f)
-        if discard is not None:
-            lv.discards.append(discard)
+        lv.discards.append(discard)
 
     def _flush_leaving(self) -> None:
         lv = self._leaving
+        now = time.monotonic()
+        # Discard-log lines first: a crash between the two leaves a message in both.
+        # Each line once: after a failed delete only the discards added since are new.
+        if lv.logged < len(lv.discards) and now >= self._log_retry_at:
+            try:
+                self.discard_log.write(lv.discards[lv.logged:])
+            except Exception as exc:  # noqa: BLE001 - disk full, log at its limit: later
+                self._log_retry_at = now + DISCARD_LOG_RETRY_SECONDS
+                self._log_trouble.failed(exc, len(lv.discards) - lv.logged,
+                                         "and deliveries go on meanwhile")
+            else:
+                self._log_trouble.worked(len(lv.discards) - lv.logged)
+                lv.logged = len(lv.discards)
+        # What may leave now: every acknowledged run, and the discards in the discard log.
+        # The rest waits for the log without holding up deliveries.
+        ready = lv.logged
         runs = list(lv.runs.values())
-        try:
-            # Discard-log lines first: a crash between the two leaves a message in both.
-            # Each line once: after a failed delete only the discards added since are new.
-            self.discard_log.write(lv.discards[lv.logged:])
-            lv.logged = len(lv.discards)
-            removed, runs_removed = self.store.remove_many(lv.outcomes, runs)
-        except Exception as exc:  # noqa: BLE001 - disk trouble: keep everything, try later
-            log.error("could not remove %d messages from the buffer yet: %s", len(lv), exc)
-            lv.retry_at = time.monotonic() + 0.5
+        if not runs and not ready:
+            lv.retry_at = self._log_retry_at
             return
+        try:
+            removed, runs_removed = self.store.remove_many(lv.outcomes[:ready], runs)
+        except Exception as exc:  # noqa: BLE001 - disk trouble: keep everything, try later
+            self._delete_trouble.failed(exc, len(lv), "retried every "
+                                        f"{DELETE_RETRY_SECONDS:g} s")
+            lv.retry_at = now + DELETE_RETRY_SECONDS
+            return
+        self._delete_trouble.worked(ready + lv.delivered)
         self._leaving = _Leaving()
+        if ready < len(lv.outcomes):
+            rest = self._leaving
+            rest.outcomes = lv.outcomes[ready:]
+            rest.flights = lv.flights[ready:]
+            rest.discards = lv.discards[ready:]
+            rest.since = now
+            del lv.outcomes[ready:], lv.flights[ready:], lv.discards[ready:]
         reg = self.registry
         delivered: dict[tuple[str, str], int] = {}
         dup: dict[tuple[str, str], int] = {}
