@@ -15,6 +15,7 @@ from spark_writer.datasource import (
     FerryBatchWriter,
     FerryCommitMessage,
     FerryDataSource,
+    FerryPublishError,
     FerrySchemaError,
     FerryStreamWriter,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "FerryBatchWriter",
     "FerryCommitMessage",
     "FerryDataSource",
+    "FerryPublishError",
     "FerrySchemaError",
     "FerryStreamWriter",
     "register",

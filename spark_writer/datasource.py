@@ -1,24 +1,38 @@
 """The ``ferry`` Spark data source: DataFrames and streams into Ferry spool files.
 
-Each Spark task writes its partition to one binary spool file (temporary name, fsync,
-atomic rename; see ``spool.writer``) named after what it writes, not after the attempt:
+Each Spark task writes its partition to one binary spool file (temporary name, fsync; see
+``spool.writer``) named after what it writes, not after the attempt:
 
     batch:  spark-<job id>-<partition>.ferry               (job id: random per save(), or
                                                             .option("jobId", ...))
     stream: spark-<query id>-<batch id>-<partition>.ferry  (query id survives restarts)
 
-so a retried task, a speculative duplicate or a replayed micro-batch rewrites the same name
-instead of adding a second copy, and the agent, which de-duplicates by file name, ingests a
-name once. Nothing happens on the driver at commit: the files are on the executors' disks
-(one agent per node) or already visible in a shared directory. See ``docs/spool.md``.
+Who publishes it (renames it to that name, where the agent sees it) is the ``publish`` option:
+
+- ``"driver"`` (default): the task leaves its finished file *staged*
+  (``.<name>.<token>.staged``, a dot-file the agent never reads) and its commit message says
+  where. Only the driver's ``commit()`` knows which attempts Spark counted as successful, so
+  it publishes exactly their files and deletes every other attempt's leftovers; ``abort()``
+  (a failed job or micro-batch) deletes them all. Needs one spool directory that the driver
+  sees too (a shared mount).
+- ``"task"``: each task publishes its own file (a spool directory per node, one agent per
+  node). A failed attempt may then have published a truncated partition under the final
+  name; the agent takes a re-published name only for what goes beyond the bytes it already
+  delivered, which is correct because the retry's file starts with the same bytes: same rows
+  in, same file out (rows without a ``timestamp`` column get timestamp 0, which the agent
+  replaces by its ingest time, instead of the task's clock).
+
+Why: PySpark ends a writer's input *normally* when something upstream of it fails (a Python
+UDF, mapInArrow) or Spark kills the task, so a task cannot tell a cut-short partition from a
+whole one. See ``docs/spool.md``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
-import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,13 +65,13 @@ from pyspark.sql.types import (
 
 from spool.format import (
     BLOCK_TARGET_BYTES,
+    EXTENSION,
+    HEADER_FIELD,
     MAX_RECORD_BYTES,
     RECORD_HEADER,
-    Headers,
     check_topic,
-    encode_columns,
 )
-from spool.writer import SpoolWriter
+from spool.writer import SpoolWriter, fsync_dir, publish_staged, remove_leftovers
 
 NAME = "ferry"
 COLUMNS = ("topic", "value", "key", "partition_key", "timestamp", "headers")
@@ -65,6 +79,11 @@ COLUMNS = ("topic", "value", "key", "partition_key", "timestamp", "headers")
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 _ID_RE = re.compile(r"[A-Za-z0-9._-]{1,100}")
+PUBLISH_MODES = ("driver", "task")
+# The agent's default [topics] max_message_bytes (agent/config.py TopicConfig; not imported:
+# executors have no agent). The agent discards a spool record whose key + value exceed its
+# topic's limit, so the writer refuses it first, where the job can still fail.
+DEFAULT_MAX_MESSAGE_BYTES = 1_000_000
 _ROW_RE = re.compile(r"row (\d+): (.*)", re.DOTALL)
 # A block body: encode_columns makes bytes, encode_arrow zero-copy slices of one buffer.
 Body = bytes | memoryview
@@ -78,13 +97,26 @@ class FerrySchemaError(ValueError):
     before any task runs."""
 
 
+class FerryPublishError(RuntimeError):
+    """The driver cannot publish the files of a finished job (publish mode "driver")."""
+
+
 @dataclass(frozen=True)
 class FerryCommitMessage(WriterCommitMessage):
-    """What one task wrote: the file (None for an empty partition), its host and row count."""
+    """What one task wrote.
+
+    ``path``: the file, None for an empty partition; in publish mode "driver" the staged file
+    (``staged`` is True), in mode "task" the published one. ``name``: the final file name
+    (also for an empty partition); ``group``: the name prefix every file of this job
+    (stream: of this query's micro-batch) shares, so the driver finds their leftovers.
+    """
 
     path: str | None
     host: str
     rows: int
+    name: str = ""
+    group: str = ""
+    staged: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,6 +126,8 @@ class WritePlan:
     spool_dir: str
     topic: str | None  # the fixed topic, or None to read the "topic" column
     columns: frozenset[str]
+    publish: str = "driver"
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
 
 
 def _headers_ok(dt: DataType) -> bool:
@@ -165,6 +199,16 @@ def plan_write(schema: StructType, options: Mapping[str, str], overwrite: bool) 
         problems.append('no topic: add a string column "topic" or .option("topic", "name")')
     if "value" not in fields:
         problems.append('column "value" (binary or string) is missing')
+    publish = options.get("publish", "driver")
+    if publish not in PUBLISH_MODES:
+        problems.append(f'option "publish" {publish!r} must be "driver" (the default: the '
+                        'driver publishes the files of successful tasks; needs a spool '
+                        'directory the driver sees) or "task" (a spool directory per node)')
+    max_bytes = _positive_int(options.get("maxMessageBytes", str(DEFAULT_MAX_MESSAGE_BYTES)))
+    if max_bytes is None:
+        problems.append(f'option "maxMessageBytes" {options.get("maxMessageBytes")!r} must be a '
+                        "positive integer (bytes of key + value per row; the agent's topic "
+                        f"max_message_bytes, default {DEFAULT_MAX_MESSAGE_BYTES})")
     for name, dt in fields.items():
         if name in _EXPECTED:
             want, ok = _EXPECTED[name]
@@ -174,17 +218,17 @@ def plan_write(schema: StructType, options: Mapping[str, str], overwrite: bool) 
         raise FerrySchemaError(
             "ferry data source: cannot write this DataFrame:\n  - " + "\n  - ".join(problems)
         )
-    assert path is not None
-    return WritePlan(spool_dir=path, topic=topic, columns=frozenset(fields))
+    assert path is not None and max_bytes is not None
+    return WritePlan(spool_dir=path, topic=topic, columns=frozenset(fields), publish=publish,
+                     max_message_bytes=max_bytes)
 
 
-def _binary_list(column: pa.Array) -> list[bytes | None]:
-    if pa.types.is_string(column.type):
-        column = column.cast(pa.binary())
-    elif pa.types.is_large_string(column.type):
-        column = column.cast(pa.large_binary())
-    result: list[bytes | None] = column.to_pylist()
-    return result
+def _positive_int(text: str) -> int | None:
+    try:
+        number = int(text.strip().replace("_", ""))
+    except ValueError:
+        return None
+    return number if number > 0 else None
 
 
 def _timestamps_ms(column: pa.Array) -> pa.Array:
@@ -194,35 +238,23 @@ def _timestamps_ms(column: pa.Array) -> pa.Array:
     return column.cast(pa.int64())
 
 
-def _headers_list(column: pa.Array) -> list[Headers | None]:
-    out: list[Headers | None] = []
-    for row, item in enumerate(column.to_pylist()):
-        if not item:
-            out.append(None)
-            continue
-        headers: list[tuple[str, bytes]] = []
-        for pair in item:
-            # array<struct<key, value>> arrives as dicts, map<string, ...> as (key, value)
-            name, value = (pair["key"], pair["value"]) if isinstance(pair, dict) else pair
-            if name is None:
-                raise ValueError(f"row {row}: a header name is null")
-            if value is None:
-                raise ValueError(f"row {row}: header {name!r} has a null value")
-            headers.append((name, value.encode("utf-8") if isinstance(value, str) else value))
-        out.append(tuple(headers))
-    return out
-
-
 def write_partition(
-    plan: WritePlan, batches: Iterator[pa.RecordBatch], file_name: str
+    plan: WritePlan,
+    batches: Iterator[pa.RecordBatch],
+    file_name: str,
+    group: str,
+    abort_marker: str | None = None,
 ) -> FerryCommitMessage:
-    """Write one task's rows to ``plan.spool_dir/file_name``; no file for no rows."""
+    """Write one task's rows as ``plan.spool_dir/file_name``, staged or published as
+    ``plan.publish`` says; no file for no rows. A file staged once ``abort_marker`` exists
+    (the driver aborted the job meanwhile: this is a killed task) is deleted at once."""
     host = socket.gethostname()
     if not os.path.isdir(plan.spool_dir):
         raise FileNotFoundError(
             f"ferry: spool directory {plan.spool_dir} does not exist on {host} (run the Ferry "
             "agent on every Spark node, or point the path at a shared spool directory)"
         )
+    staged = plan.publish == "driver"
     writer: SpoolWriter | None = None
     rows = 0
     try:
@@ -237,12 +269,20 @@ def write_partition(
             except ValueError as exc:
                 raise ValueError(f"ferry: {file_name} not written: {_renumber(exc, rows)}") from exc
             rows += batch.num_rows
-        path = str(writer.commit()) if writer is not None else None
+        path = str(writer.commit(publish=not staged)) if writer is not None else None
     except BaseException:
         if writer is not None:
             writer.abort()
         raise
-    return FerryCommitMessage(path=path, host=host, rows=rows)
+    if staged and path is not None and abort_marker is not None and os.path.exists(abort_marker):
+        # The driver's abort() creates the marker before it deletes the job's staged files,
+        # so a file staged after that sweep is seen here, and one staged before it is swept.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        raise RuntimeError(f"ferry: {file_name} not kept: the job was aborted while this task "
+                           "was still writing (Spark kills the running tasks of a failed job)")
+    return FerryCommitMessage(path=path, host=host, rows=rows, name=file_name, group=group,
+                              staged=staged and path is not None)
 
 
 def _renumber(exc: ValueError, earlier_rows: int) -> str:
@@ -254,57 +294,23 @@ def _renumber(exc: ValueError, earlier_rows: int) -> str:
 
 
 def _encode_batch(plan: WritePlan, batch: pa.RecordBatch) -> Iterator[tuple[Body, int]]:
-    """The batch as block bodies: vectorized unless some row has headers (rare in bulk)."""
+    """The batch as block bodies."""
     names = batch.schema.names
 
     def col(name: str) -> pa.Array | None:
         return batch.column(names.index(name)) if name in plan.columns else None
 
-    headers_col = col("headers")
-    if headers_col is not None and _has_entries(headers_col):
-        return _encode_rows(plan, col, headers_col)
+    value = col("value")
+    assert value is not None  # plan_write made sure it exists
     return encode_arrow(
         plan.topic if plan.topic is not None else col("topic"),
-        col("value"),  # plan_write made sure it exists
+        value,
         col("key"),
         col("partition_key"),
         col("timestamp"),
+        col("headers"),
+        max_message_bytes=plan.max_message_bytes,
     )
-
-
-def _has_entries(column: pa.Array) -> bool:
-    offsets = column.offsets  # list and map arrays: how many elements each row has
-    return bool(len(offsets) and offsets[-1].as_py() != offsets[0].as_py())
-
-
-def _encode_rows(
-    plan: WritePlan, col: Callable[[str], pa.Array | None], headers_col: pa.Array
-) -> Iterator[tuple[Body, int]]:
-    """Row by row through spool.format.encode_columns: the path for rows with headers."""
-    topics: str | Sequence[str | None]
-    if plan.topic is not None:
-        topics = plan.topic
-    else:
-        topic_col = col("topic")
-        assert topic_col is not None
-        topics = topic_col.to_pylist()
-    value_col = col("value")
-    assert value_col is not None
-    key_col = col("key")
-    pk_col = col("partition_key")
-    ts_col = col("timestamp")
-    return encode_columns(
-        topics,
-        _binary_list(value_col),
-        _binary_list(key_col) if key_col is not None else None,
-        pk_col.to_pylist() if pk_col is not None else None,
-        _timestamps_ms(ts_col).to_pylist() if ts_col is not None else _now_ms(),
-        _headers_list(headers_col),
-    )
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 # The fixed part of a record (spool.format.RECORD_HEADER) as a packed numpy record.
@@ -321,6 +327,11 @@ _RECORD_DTYPE = np.dtype(
     ]
 )
 assert _RECORD_DTYPE.itemsize == RECORD_HEADER.size
+# A header entry's head (spool.format.HEADER_FIELD): name length, value length.
+_HEADER_DTYPE = np.dtype([("name_length", "<u2"), ("value_length", "<u4")])
+assert _HEADER_DTYPE.itemsize == HEADER_FIELD.size
+_MAX_HEADERS = 0xFFFF
+_MAX_HEADER_NAME_BYTES = 0xFFFF
 
 
 def _as_large_binary(column: pa.Array) -> pa.Array:
@@ -333,21 +344,112 @@ def _first_row(mask: Any) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
+def _binaries(lengths: Any, data: pa.Buffer | np.ndarray[Any, Any], n: int) -> pa.Array:
+    """A large_binary array of ``n`` values of equal ``lengths`` (an int) back to back in
+    ``data``."""
+    offsets = np.arange(n + 1, dtype=np.int64) * lengths
+    buffer = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+    return pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), buffer])
+
+
+def _interleave(pieces: list[pa.Array]) -> tuple[pa.Buffer, Any]:
+    """Element i of every piece, then element i + 1 of every piece, ...: one ``take`` over
+    the pieces' concatenation. Returns the data and the ``k * n + 1`` offsets of the result
+    (element i of piece p is between offsets[i * k + p] and offsets[i * k + p + 1])."""
+    k = len(pieces)
+    n = len(pieces[0])
+    order = (np.arange(n, dtype=np.int64)[:, None] + np.arange(k, dtype=np.int64) * n).ravel()
+    interleaved = pa.concat_arrays(pieces).take(pa.array(order))
+    base = interleaved.offset  # take returns an unsliced array, but be exact
+    offsets = np.frombuffer(interleaved.buffers()[1], dtype=np.int64)[base : base + k * n + 1]
+    return interleaved.buffers()[2], offsets
+
+
+def _as_list(column: pa.Array) -> pa.Array:
+    """A map<string, v> column as the list<struct<key, value>> it is underneath."""
+    if not pa.types.is_map(column.type):
+        return column
+    return pa.Array.from_buffers(pa.list_(column.values.type), len(column), column.buffers()[:2],
+                                 column.null_count, column.offset, children=[column.values])
+
+
+def encode_headers_arrow(column: pa.Array) -> tuple[pa.Array, Any, Any] | None:
+    """Each row's header entries as the bytes that end its record, vectorized.
+
+    ``column`` is ``list<struct<key: string, value: binary|string>>`` or a map of those; a
+    null or empty list means no headers. Returns a large_binary array of each row's entries
+    (the spool layout: 2-byte name length, 4-byte value length, name, value, per entry), each
+    row's entry count and each row's header bytes; None when no row has a header. ValueError
+    names the 0-based row, with the messages of ``spool.format.encode_headers``.
+    """
+    lists = _as_list(column)
+    n = len(lists)
+    counts = pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False)
+    counts = counts.astype(np.int64)
+    too_many = counts > _MAX_HEADERS
+    if too_many.any():
+        row = _first_row(too_many)
+        raise ValueError(f"row {row}: {int(counts[row])} headers is more than {_MAX_HEADERS}")
+    row_ends = np.cumsum(counts)
+    m = int(row_ends[-1]) if n else 0
+    if m == 0:
+        return None
+
+    def row_of(mask: Any) -> int:  # the row of the first entry in mask
+        return int(np.searchsorted(row_ends, _first_row(mask), side="right"))
+
+    entries = pc.list_flatten(lists)  # only non-null lists' entries, in row order
+    if entries.null_count:
+        raise ValueError(f"row {row_of(entries.is_null().to_numpy(zero_copy_only=False))}: "
+                         "a header is null")
+    names = pc.struct_field(entries, "key")
+    values = pc.struct_field(entries, "value")
+    if names.null_count:
+        raise ValueError(f"row {row_of(names.is_null().to_numpy(zero_copy_only=False))}: "
+                         "a header name is null")
+    if values.null_count:
+        mask = values.is_null().to_numpy(zero_copy_only=False)
+        name = names[_first_row(mask)].as_py()
+        raise ValueError(f"row {row_of(mask)}: header {name!r} has a null value")
+    names = _as_large_binary(names)
+    values = _as_large_binary(values)
+    name_lengths = pc.binary_length(names).to_numpy()
+    too_long = name_lengths > _MAX_HEADER_NAME_BYTES
+    if too_long.any():
+        raise ValueError(f"row {row_of(too_long)}: header name of "
+                         f"{int(name_lengths[_first_row(too_long)])} bytes is longer than "
+                         f"{_MAX_HEADER_NAME_BYTES}")
+    heads = np.empty(m, dtype=_HEADER_DTYPE)
+    heads["name_length"] = name_lengths
+    heads["value_length"] = pc.binary_length(values).to_numpy()
+    data, offsets = _interleave([_binaries(HEADER_FIELD.size, heads, m), names, values])
+    # Row r's entries are entries row_ends[r-1]..row_ends[r]: 3 pieces each, back to back.
+    row_offsets = offsets[3 * np.concatenate(([0], row_ends))]
+    blobs = pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(row_offsets), data])
+    return blobs, counts, np.diff(row_offsets)
+
+
 def encode_arrow(
     topic: str | pa.Array,
     value: pa.Array,
     key: pa.Array | None = None,
     partition_key: pa.Array | None = None,
     timestamp: pa.Array | None = None,
+    headers: pa.Array | None = None,
     *,
     block_bytes: int = BLOCK_TARGET_BYTES,
+    max_message_bytes: int | None = None,
 ) -> Iterator[tuple[Body, int]]:
-    """Records without headers from Arrow columns, as ``(block body, count)``.
+    """Records from Arrow columns, as ``(block body, count)``.
 
     The same bytes as ``spool.format.encode_columns`` but vectorized: numpy builds every
-    record's fixed part at once, and one Arrow ``take`` interleaves fixed parts, topics, keys
-    and values into a single buffer that blocks are zero-copy slices of. This is what keeps
-    the Spark writer near ``df.write.json`` speed. ValueError names the 0-based row.
+    record's fixed part (and every header entry's head) at once, and one Arrow ``take``
+    interleaves fixed parts, topics, keys, values and header bytes into a single buffer that
+    blocks are zero-copy slices of. This is what keeps the Spark writer near ``df.write.json``
+    speed. Without ``timestamp`` every record gets timestamp 0 (the agent stamps such a
+    record with its ingest time), so the same rows always make the same bytes.
+    ``max_message_bytes`` refuses a row whose key + value are longer (what the agent weighs
+    against a topic's ``max_message_bytes``). ValueError names the 0-based row.
     """
     n = len(value)
     if n == 0:
@@ -358,12 +460,7 @@ def encode_arrow(
     values = _as_large_binary(value)
     if isinstance(topic, str):
         tb = check_topic(topic).encode("ascii")
-        topics = pa.Array.from_buffers(
-            pa.large_binary(),
-            n,
-            [None, pa.py_buffer(np.arange(n + 1, dtype=np.int64) * len(tb)),
-             pa.py_buffer(tb * n)],
-        )
+        topics = _binaries(len(tb), pa.py_buffer(tb * n), n)
         topic_lengths: Any = len(tb)
     else:
         if topic.null_count:
@@ -407,9 +504,21 @@ def encode_arrow(
             mask = ms.is_null().to_numpy(zero_copy_only=False)
             raise ValueError(f"row {_first_row(mask)}: timestamp is null")
         record["timestamp"] = ms.to_numpy()
-    else:
-        record["timestamp"] = _now_ms()
+    # else 0, from np.zeros: never the clock, or a retried task would write other bytes.
+    if max_message_bytes is not None:
+        sizes = key_lengths + value_lengths  # an array: value_lengths is one
+        too_large = sizes > max_message_bytes
+        if too_large.any():
+            row = _first_row(too_large)
+            raise ValueError(f"row {row}: key and value of {int(sizes[row])} bytes are more "
+                             f"than maxMessageBytes={max_message_bytes}")
     lengths = RECORD_HEADER.size + topic_lengths + key_lengths + value_lengths
+    encoded_headers = encode_headers_arrow(headers) if headers is not None else None
+    if encoded_headers is not None:
+        blobs, counts, blob_lengths = encoded_headers
+        lengths = lengths + blob_lengths
+        record["header_count"] = counts
+        pieces.append(blobs)
     too_big = lengths > MAX_RECORD_BYTES
     if too_big.any():
         row = _first_row(too_big)
@@ -419,20 +528,9 @@ def encode_arrow(
     record["flags"] = flags
     record["topic_length"] = topic_lengths
     record["value_length"] = value_lengths
-    fixed = pa.Array.from_buffers(
-        pa.large_binary(),
-        n,
-        [None, pa.py_buffer(np.arange(n + 1, dtype=np.int64) * RECORD_HEADER.size),
-         pa.py_buffer(record)],
-    )
-    pieces.insert(0, fixed)
+    pieces.insert(0, _binaries(RECORD_HEADER.size, record, n))
     # Row i is pieces[0][i], pieces[1][i], ...: take them in that order from one array.
-    k = len(pieces)
-    order = (np.arange(n, dtype=np.int64)[:, None] + np.arange(k, dtype=np.int64) * n).ravel()
-    interleaved = pa.concat_arrays(pieces).take(pa.array(order))
-    data = interleaved.buffers()[2]
-    base = interleaved.offset  # take returns an unsliced array, but be exact
-    offsets = np.frombuffer(interleaved.buffers()[1], dtype=np.int64)[base : base + k * n + 1]
+    data, offsets = _interleave(pieces)
     ends = np.cumsum(lengths)
     assert int(offsets[-1] - offsets[0]) == int(ends[-1]), "interleaving lost bytes"
     return _blocks(data, int(offsets[0]), ends, block_bytes)
@@ -463,6 +561,59 @@ def _task() -> TaskContext:
     return ctx
 
 
+def _group_matcher(groups: set[str]) -> Callable[[str], bool]:
+    """Whether a final file name is one of a partition's of these groups (name prefixes)."""
+    patterns = [re.compile(re.escape(group) + r"\d{5,}" + re.escape(EXTENSION)) for group in groups]
+    return lambda name: any(p.fullmatch(name) for p in patterns)
+
+
+def _messages(messages: Sequence[WriterCommitMessage | None]) -> list[FerryCommitMessage]:
+    return [m for m in messages if isinstance(m, FerryCommitMessage)]
+
+
+def publish_files(plan: WritePlan, messages: Sequence[WriterCommitMessage | None],
+                  groups: set[str]) -> None:
+    """The driver's commit: publish the files of the tasks Spark counted as successful (it
+    hands only theirs to commit), then delete every other attempt's leftovers of ``groups``.
+
+    Publish mode "driver": all or nothing as far as this driver can tell: if any successful
+    task's staged file is not visible here, nothing is published (FerryPublishError, and
+    Spark's abort then deletes the staged files). Mode "task": the tasks published.
+    """
+    done = _messages(messages)
+    groups = groups | {m.group for m in done if m.group}
+    staged = [m for m in done if m.staged and m.path is not None]
+    if staged:
+        missing = [m for m in staged if not os.path.isfile(m.path or "")]
+        if missing:
+            first = missing[0]
+            raise FerryPublishError(
+                f"ferry: {len(missing)} of {len(staged)} staged spool files are not visible on "
+                f"the driver ({socket.gethostname()}), e.g. {first.path} written on "
+                f"{first.host}; nothing was published. With .option(\"publish\", \"driver\") "
+                "(the default) the driver publishes the files, so the spool directory must be "
+                "one directory shared by the driver and every executor. With a spool "
+                "directory on every node (one Ferry agent per Spark node) use "
+                '.option("publish", "task"); see docs/spool.md'
+            )
+        directories = set()
+        for m in staged:
+            assert m.path is not None
+            publish_staged(m.path, m.name, sync=False)
+            directories.add(os.path.dirname(m.path))
+        for directory in sorted(directories):
+            fsync_dir(directory)
+    _remove_leftovers(plan, groups)
+
+
+def _remove_leftovers(plan: WritePlan, groups: set[str]) -> None:
+    """Delete the temporary and staged files of ``groups`` that this host sees: attempts that
+    failed or were killed, or (abort) a whole failed job. With a spool directory per node the
+    driver sees only its own node's (if any); the agent deletes stale temporary files."""
+    if groups and os.path.isdir(plan.spool_dir):
+        remove_leftovers(plan.spool_dir, _group_matcher(groups))
+
+
 class FerryBatchWriter(DataSourceArrowWriter):
     """Batch writes: one file per partition, named by (job id, partition)."""
 
@@ -470,18 +621,47 @@ class FerryBatchWriter(DataSourceArrowWriter):
         self.plan = plan
         self.job_id = job_id
 
+    @property
+    def group(self) -> str:
+        return f"spark-{self.job_id}-"
+
+    @property
+    def abort_marker(self) -> str:
+        """Created by abort() (publish mode "driver"): a task that stages its file after the
+        job was aborted deletes it. A dot-file, like the leftovers (the agent ignores it, and
+        deletes it as a stale temporary file a day later); a rerun with the same jobId
+        removes it on the driver before its tasks start (``prepare``)."""
+        return os.path.join(self.plan.spool_dir, f".{self.group}aborted")
+
+    def prepare(self) -> None:
+        """On the driver, before any task: forget an earlier abort of the same job id."""
+        if self.plan.publish == "driver":
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.abort_marker)
+
     def file_name(self, partition: int) -> str:
-        return f"spark-{self.job_id}-{partition:05d}.ferry"
+        return f"{self.group}{partition:05d}{EXTENSION}"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> FerryCommitMessage:
-        return write_partition(self.plan, iterator, self.file_name(_task().partitionId()))
+        name = self.file_name(_task().partitionId())
+        marker = self.abort_marker if self.plan.publish == "driver" else None
+        return write_partition(self.plan, iterator, name, self.group, marker)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        """Nothing to do: each task published its own file."""
+        """Publish the successful tasks' staged files; drop every other attempt's."""
+        publish_files(self.plan, messages, {self.group})
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        """Nothing can be undone: finished tasks' files may already be ingested. Rerun with
-        the same ``jobId`` option so finished partitions are rewritten, not duplicated."""
+        """The job failed: delete every temporary and staged file of this job that this host
+        sees (mode "driver": nothing of the job is published). Tasks Spark is still killing
+        may stage files after this; the abort marker makes them delete those. In mode "task"
+        finished tasks' files are already published: rerun with the same ``jobId`` so that
+        they are rewritten, not duplicated."""
+        if self.plan.publish == "driver" and os.path.isdir(self.plan.spool_dir):
+            fd = os.open(self.abort_marker, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o640)
+            os.close(fd)
+            fsync_dir(self.plan.spool_dir)
+        _remove_leftovers(self.plan, {self.group})
 
 
 class FerryStreamWriter(DataSourceStreamArrowWriter):
@@ -491,8 +671,12 @@ class FerryStreamWriter(DataSourceStreamArrowWriter):
         self.plan = plan
 
     @staticmethod
-    def file_name(query_id: str, batch_id: int, partition: int) -> str:
-        return f"spark-{query_id}-{batch_id:010d}-{partition:05d}.ferry"
+    def group_of(query_id: str, batch_id: int) -> str:
+        return f"spark-{query_id}-{batch_id:010d}-"
+
+    @classmethod
+    def file_name(cls, query_id: str, batch_id: int, partition: int) -> str:
+        return f"{cls.group_of(query_id, batch_id)}{partition:05d}{EXTENSION}"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> FerryCommitMessage:
         ctx = _task()
@@ -504,13 +688,18 @@ class FerryStreamWriter(DataSourceStreamArrowWriter):
                 "processing is not supported; use a micro-batch trigger)"
             )
         name = self.file_name(query_id, int(batch_id), ctx.partitionId())
-        return write_partition(self.plan, iterator, name)
+        return write_partition(self.plan, iterator, name, self.group_of(query_id, int(batch_id)))
 
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Nothing to do: each task published its own file."""
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        """Publish the successful tasks' staged files; drop every other attempt's. The driver
+        does not know the query id: it comes with the tasks' messages (empty partitions
+        included)."""
+        publish_files(self.plan, messages, set())
 
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Nothing can be undone; Spark replays the batch under the same file names."""
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        """Delete the leftovers of the tasks that reported. Spark replays a failed
+        micro-batch under the same query and batch id, and that commit deletes the rest."""
+        _remove_leftovers(self.plan, {m.group for m in _messages(messages) if m.group})
 
 
 class FerryDataSource(DataSource):
@@ -518,7 +707,9 @@ class FerryDataSource(DataSource):
 
     Options: ``path`` (the spool directory; ``save(path)`` sets it), ``topic`` (one topic for
     every row, instead of a ``topic`` column), ``jobId`` (batch only: names the files, so a
-    rerun of a failed job with the same id rewrites instead of duplicating).
+    rerun of a failed job with the same id rewrites instead of duplicating), ``publish``
+    (``"driver"``, the default, or ``"task"``; see the module's docstring),
+    ``maxMessageBytes`` (largest key + value of a row; default 1000000).
     """
 
     batch_writer: type[FerryBatchWriter] = FerryBatchWriter
@@ -530,7 +721,9 @@ class FerryDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> FerryBatchWriter:
         plan = plan_write(schema, self.options, overwrite)
-        return self.batch_writer(plan, self.options.get("jobId") or uuid.uuid4().hex)
+        writer = self.batch_writer(plan, self.options.get("jobId") or uuid.uuid4().hex)
+        writer.prepare()
+        return writer
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> FerryStreamWriter:  # noqa: N802
         # "overwrite" means nothing for a stream into a spool: whatever the output mode, each

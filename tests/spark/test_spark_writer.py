@@ -24,7 +24,7 @@ from pyspark.sql.functions import col, udf
 from spark_writer import FerryBatchWriter, FerryCommitMessage, FerryDataSource
 from spark_writer.datasource import encode_arrow
 from spool import SpoolRecord, list_ready_files, open_spool_file, verify
-from spool.format import encode_columns
+from spool.format import Headers, encode_columns
 
 ROWS = 100_000
 BATCH_NAME = re.compile(r"spark-([0-9a-f]{32})-(\d{5})\.ferry")
@@ -92,37 +92,118 @@ def random_columns(rows: int, seed: int) -> dict[str, pa.Array]:
         "timestamp": pa.array(
             [rng.randrange(0, 2**45) * 1000 for _ in range(rows)], pa.timestamp("us", tz="UTC")
         ),
+        "headers": pa.array(
+            [maybe([(rng.choice(["trace", "", "é" * rng.randrange(1, 4)]),
+                     maybe(rng.randbytes(rng.randrange(0, 30))) or b"")
+                    for _ in range(rng.choice([0, 0, 1, 1, 2, 5]))])
+             for _ in range(rows)],
+            pa.map_(pa.string(), pa.binary()),
+        ),
     }
+
+
+def as_struct_list(headers: pa.Array, value_type: pa.DataType) -> pa.Array:
+    """A map<string, binary> headers column as array<struct<key, value>> (Spark's other
+    form; field order value, key to show it is not relied on), values cast to value_type."""
+    return pa.array(
+        [None if row is None else [{"value": v if value_type == pa.binary() else v.decode(
+            "utf-8", "replace"), "key": k} for k, v in row] for row in headers.to_pylist()],
+        pa.list_(pa.struct([("value", value_type), ("key", pa.string())])),
+    )
+
+
+def headers_list(headers: pa.Array) -> list[Headers | None]:
+    """A headers column as encode_columns takes it."""
+    out: list[Headers | None] = []
+    for row in headers.to_pylist():
+        if row is None:
+            out.append(None)
+            continue
+        pairs = [(p["key"], p["value"]) if isinstance(p, dict) else p for p in row]
+        out.append(tuple((k, v.encode() if isinstance(v, str) else v) for k, v in pairs))
+    return out
 
 
 @pytest.mark.parametrize("block_bytes", [1, 1000, 1 << 20])
 def test_the_vectorized_encoder_matches_the_record_encoder(block_bytes: int) -> None:
-    """encode_arrow (the Spark fast path) makes exactly encode_columns' bytes and blocks."""
+    """encode_arrow (the Spark fast path) makes exactly encode_columns' bytes and blocks,
+    headers included (null and empty lists, map and array forms, string values)."""
     cols = random_columns(2000, seed=block_bytes)
     ms = [t // 1000 for t in cols["timestamp"].cast(pa.int64()).to_pylist()]
-    for topic, key, pk in [
-        (cols["topic"], cols["key"], cols["partition_key"]),
-        ("fixed", None, None),
-        (cols["topic"].cast(pa.large_string()), cols["key"].cast(pa.large_binary()), None),
+    headers = cols["headers"]
+    for topic, key, pk, hdrs in [
+        (cols["topic"], cols["key"], cols["partition_key"], headers),
+        ("fixed", None, None, None),
+        (cols["topic"].cast(pa.large_string()), cols["key"].cast(pa.large_binary()), None,
+         as_struct_list(headers, pa.binary())),
+        ("fixed", cols["key"], None, as_struct_list(headers, pa.string())),
+        (cols["topic"].slice(7), cols["key"].slice(7), None, headers.slice(7)),
     ]:
+        value = cols["value"].slice(2000 - len(hdrs)) if hdrs is not None else cols["value"]
+        ts = cols["timestamp"].slice(2000 - len(value))
         fast = [
             (bytes(body), count)
             for body, count in encode_arrow(
-                topic, cols["value"], key, pk, cols["timestamp"], block_bytes=block_bytes
+                topic, value, key, pk, ts, hdrs, block_bytes=block_bytes
             )
         ]
         slow = list(
             encode_columns(
                 topic if isinstance(topic, str) else topic.to_pylist(),
-                cols["value"].to_pylist(),
+                value.to_pylist(),
                 key.to_pylist() if key is not None else None,
                 pk.to_pylist() if pk is not None else None,
-                ms,
+                ms[2000 - len(value):],
+                headers_list(hdrs) if hdrs is not None else None,
                 block_bytes=block_bytes,
             )
         )
         assert fast == slow
-        assert sum(count for _, count in fast) == 2000
+        assert sum(count for _, count in fast) == len(value)
+
+
+def test_without_a_timestamp_column_every_record_gets_timestamp_0() -> None:
+    """So a retried task writes the same bytes (the agent stamps 0 with its ingest time)."""
+    fast = [(bytes(body), count) for body, count in encode_arrow("t", pa.array([b"a", b"bc"]))]
+    assert fast == list(encode_columns("t", [b"a", b"bc"], timestamps=0))
+
+
+BAD_HEADERS = [
+    ("null header value", pa.array([[("a", b"1")], [("b", None)]],
+                                   pa.map_(pa.string(), pa.binary())),
+     "row 1: header 'b' has a null value"),
+    ("null header name", pa.array([None, [], [{"key": None, "value": b"1"}]],
+                                  pa.list_(pa.struct([("key", pa.string()),
+                                                      ("value", pa.binary())]))),
+     "row 2: a header name is null"),
+    ("null header", pa.array([[{"key": "a", "value": b"1"}], [None]],
+                             pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+     "row 1: a header is null"),
+    ("long header name", pa.array([None, [("n" * 65536, b"")]],
+                                  pa.map_(pa.string(), pa.binary())),
+     "row 1: header name of 65536 bytes is longer than 65535"),
+    ("too many headers", pa.array([[], [{"key": "a", "value": b""}] * 65536],
+                                  pa.list_(pa.struct([("key", pa.string()),
+                                                      ("value", pa.binary())]))),
+     "row 1: 65536 headers is more than 65535"),
+]
+
+
+@pytest.mark.parametrize(("headers", "message"), [case[1:] for case in BAD_HEADERS],
+                         ids=[case[0] for case in BAD_HEADERS])
+def test_headers_the_format_cannot_hold_name_their_row(headers: pa.Array, message: str) -> None:
+    values = pa.array([b"v"] * len(headers))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        list(encode_arrow("t", values, headers=headers))
+
+
+def test_max_message_bytes_weighs_key_and_value() -> None:
+    values = pa.array([b"x" * 10, b"x" * 10, b"x" * 11])
+    keys = pa.array([None, b"k", None])
+    assert sum(c for _, c in encode_arrow("t", values[:1], max_message_bytes=10)) == 1
+    with pytest.raises(ValueError, match="row 1: key and value of 11 bytes are more than "
+                                         "maxMessageBytes=10"):
+        list(encode_arrow("t", values, keys, max_message_bytes=10))
 
 
 def test_batch_write_puts_exactly_the_rows_in_the_spool(
@@ -167,15 +248,29 @@ def test_fixed_topic_strings_timestamps_and_map_headers(
     ])
 
 
-def test_rows_without_timestamp_get_the_write_time(spark: SparkSession, spool_dir: Path) -> None:
-    before = int(dt.datetime.now(dt.UTC).timestamp() * 1000)
+def test_rows_without_timestamp_get_timestamp_0(spark: SparkSession, spool_dir: Path) -> None:
+    """The agent stamps these with its ingest time; the writer's clock would make a retried
+    task's file differ from its first attempt's."""
     spark.range(3).selectExpr("'t' AS topic", "cast(id AS string) AS value").write.format(
         "ferry"
     ).mode("append").save(f"file://{spool_dir}")
-    after = int(dt.datetime.now(dt.UTC).timestamp() * 1000)
     records = read_all(spool_dir)
     assert sorted(r.value for r in records) == [b"0", b"1", b"2"]
-    assert all(before <= r.timestamp_ms <= after for r in records)
+    assert all(r.timestamp_ms == 0 for r in records)
+
+
+def test_the_same_partition_makes_the_same_file_every_time(
+    spark: SparkSession, spool_dir: Path
+) -> None:
+    """What the agent's de-duplication of a re-published partition (publish mode "task")
+    relies on: same rows in, byte-identical file out, whatever the attempt or the clock."""
+    df = rich_frame(spark, 5000, 2).drop("timestamp")
+    for job in ("first", "second"):
+        df.write.format("ferry").option("jobId", job).mode("append").save(str(spool_dir))
+    for part in ("00000", "00001"):
+        first = (spool_dir / f"spark-first-{part}.ferry").read_bytes()
+        assert first == (spool_dir / f"spark-second-{part}.ferry").read_bytes()
+        assert verify(spool_dir / f"spark-first-{part}.ferry") == 2500
 
 
 SchemaCase = tuple[str, Callable[[SparkSession], DataFrame], dict[str, str], str, str]
@@ -202,6 +297,12 @@ SCHEMA_CASES: list[SchemaCase] = [
      {"path": "relative/spool"}, "append", "must be an absolute local directory"),
     ("bad job id", lambda s: s.range(5).selectExpr("'t' AS topic", "'v' AS value"),
      {"jobId": "a/b"}, "append", 'option "jobId" \'a/b\' must be'),
+    ("bad publish", lambda s: s.range(5).selectExpr("'t' AS topic", "'v' AS value"),
+     {"publish": "executor"}, "append", 'option "publish" \'executor\' must be "driver"'),
+    ("max message bytes 0", lambda s: s.range(5).selectExpr("'t' AS topic", "'v' AS value"),
+     {"maxMessageBytes": "0"}, "append", 'option "maxMessageBytes" \'0\' must be a positive'),
+    ("max message bytes text", lambda s: s.range(5).selectExpr("'t' AS topic", "'v' AS value"),
+     {"maxMessageBytes": "1MB"}, "append", 'option "maxMessageBytes" \'1MB\' must be a'),
 ]
 
 
@@ -242,7 +343,13 @@ BAD_ROWS = [
     ("partition key range", "'t' AS topic", "'v' AS value",
      "if(id = 3, 4294967296, 1) AS partition_key",
      "partition_key 4294967296 is outside the signed 32-bit range"),
+    ("null header value", "'t' AS topic", "'v' AS value",
+     "map('h', if(id = 3, null, X'01')) AS headers", "header 'h' has a null value"),
+    ("over maxMessageBytes with the key", "'t' AS topic", "repeat('x', 999999) AS value",
+     "if(id = 3, 'kk', null) AS key",
+     "key and value of 1000001 bytes are more than maxMessageBytes=1000000"),
 ]
+ABORTED = re.compile(r"\.spark-[0-9a-f]{32}-aborted")
 
 
 @pytest.mark.parametrize(
@@ -259,7 +366,22 @@ def test_a_bad_row_fails_the_task_and_leaves_no_file(
         df.write.format("ferry").mode("append").save(str(spool_dir))
     assert f"not written: row 3 of the partition: {message}" in str(failure.value)
     assert list_ready_files(spool_dir) == []
-    assert os.listdir(spool_dir) == []  # the temporary file was removed, too
+    # The temporary file was removed, too; the driver's abort left only its marker.
+    assert all(ABORTED.fullmatch(name) for name in os.listdir(spool_dir))
+
+
+def test_max_message_bytes_option_sets_the_limit(spark: SparkSession, spool_dir: Path) -> None:
+    df = spark.range(0, 10, numPartitions=1).selectExpr(
+        "'t' AS topic", "repeat('x', cast(id AS int) + 5) AS value", "'k' AS key"
+    )
+    with pytest.raises(PySparkException, match="row 5 of the partition: key and value of 11 "
+                                               "bytes are more than maxMessageBytes=10"):
+        df.write.format("ferry").option("maxMessageBytes", "10").mode("append").save(
+            str(spool_dir)
+        )
+    assert list_ready_files(spool_dir) == []
+    df.write.format("ferry").option("maxMessageBytes", "15").mode("append").save(str(spool_dir))
+    assert len(read_all(spool_dir)) == 10
 
 
 def test_a_task_failing_mid_write_is_retried_without_duplicates(
@@ -291,15 +413,17 @@ def test_a_task_failing_mid_write_is_retried_without_duplicates(
     assert len(files) == 4
     records = read_all(spool_dir)
     assert Counter(r.value for r in records) == Counter(f"v{i}".encode() for i in range(rows))
-    # A killed attempt may leave its temporary file; it is a dot-file no listing returns.
-    leftovers = set(os.listdir(spool_dir)) - {p.name for p in files}
-    assert all(name.startswith(".") and name.endswith(".tmp") for name in leftovers)
+    # The failed attempt's staged or temporary file was deleted by the driver's commit.
+    assert sorted(os.listdir(spool_dir)) == sorted(p.name for p in files)
 
 
-def test_a_task_failing_after_publishing_is_overwritten_by_its_retry(
-    spark: SparkSession, spool_dir: Path, tmp_path: Path
+@pytest.mark.parametrize("publish", ["driver", "task"])
+def test_a_task_failing_after_writing_its_file_is_replaced_by_its_retry(
+    spark: SparkSession, spool_dir: Path, tmp_path: Path, publish: str
 ) -> None:
-    marker = tmp_path / "published-inode"
+    """Mode "task": the first attempt published its file, the retry replaces it. Mode
+    "driver": it only staged it, and the driver publishes the retry's and deletes it."""
+    marker = tmp_path / "written-inode"
 
     class FailAfterPublish(FerryBatchWriter):
         def write(self, iterator: Iterator[pa.RecordBatch]) -> FerryCommitMessage:
@@ -308,7 +432,7 @@ def test_a_task_failing_after_publishing_is_overwritten_by_its_retry(
             assert ctx is not None and message.path is not None
             if ctx.partitionId() == 1 and ctx.attemptNumber() == 0:
                 marker.write_text(str(os.stat(message.path).st_ino))
-                raise RuntimeError("injected failure after the file was published")
+                raise RuntimeError("injected failure after the file was written")
             return message
 
     class FailAfterPublishSource(FerryDataSource):
@@ -322,15 +446,18 @@ def test_a_task_failing_after_publishing_is_overwritten_by_its_retry(
     rows = 8_000
     spark.range(0, rows, numPartitions=2).selectExpr(
         "'published' AS topic", "cast(id AS string) AS value"
-    ).write.format("ferry_fail_after_publish").mode("append").save(str(spool_dir))
+    ).write.format("ferry_fail_after_publish").option("publish", publish).mode("append").save(
+        str(spool_dir)
+    )
 
     files = list_ready_files(spool_dir)
     assert [BATCH_NAME.fullmatch(p.name).group(2) for p in files].count("00001") == 1  # type: ignore[union-attr]
     retried = next(p for p in files if p.name.endswith("-00001.ferry"))
-    assert marker.exists()  # the first attempt published its file, then failed
-    assert os.stat(retried).st_ino != int(marker.read_text())  # the retry replaced it
+    assert marker.exists()  # the first attempt wrote its file, then failed
+    assert os.stat(retried).st_ino != int(marker.read_text())  # the retry's file is there
     records = read_all(spool_dir)
     assert Counter(r.value for r in records) == Counter(str(i).encode() for i in range(rows))
+    assert sorted(os.listdir(spool_dir)) == sorted(p.name for p in files)
 
 
 def test_job_id_option_makes_a_rerun_overwrite(spark: SparkSession, spool_dir: Path) -> None:

@@ -1,0 +1,306 @@
+"""Failed and killed task attempts, against a real local SparkSession (``local[2,3]``).
+
+PySpark ends a Python writer's input *normally* when something upstream fails (a pandas UDF
+here) or when Spark kills the task because another one failed: the writer cannot tell a
+cut-short partition from a whole one. These tests make that happen and check what the spool
+holds afterwards, read back with ``spool.reader`` (what the agent would ingest):
+
+- publish mode "driver": only the attempts Spark counted as successful are published, a failed
+  job publishes nothing, and no staged or temporary file is left behind;
+- publish mode "task": a failed attempt may publish a cut-short file, and its retry publishes
+  the whole partition under the same name, starting with the same bytes (what the agent's
+  prefix de-duplication relies on).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+from pyspark import TaskContext
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.functions import col, pandas_udf
+
+from spark_writer import FerryBatchWriter, FerryCommitMessage, FerryDataSource
+from spool import SpoolRecord, list_ready_files, open_spool_file, verify
+from spool.format import TRAILER
+from tests.waiting import wait_until
+
+BATCH_SIZE = "250"  # Arrow rows per batch: the writer has written some blocks when it dies
+
+
+def read_all(spool_dir: Path) -> list[SpoolRecord]:
+    """Every record of every ready file, each file verified first."""
+    records: list[SpoolRecord] = []
+    for path in list_ready_files(spool_dir):
+        count = verify(path)
+        file_records = [record for _, record in open_spool_file(path)]
+        assert len(file_records) == count
+        records.extend(file_records)
+    return records
+
+
+def values(spool_dir: Path) -> Counter[bytes]:
+    return Counter(r.value for r in read_all(spool_dir))
+
+
+def value(i: int) -> bytes:
+    """Row i's value: long enough that the rows before a failure fill the buffers between the
+    UDF's Python worker, the JVM and the writer's worker (64 KiB), so the writer does get
+    part of the partition before its input ends."""
+    return f"v{i}-".encode().ljust(200, b"x")
+
+
+def expected(rows: range) -> Counter[bytes]:
+    return Counter(value(i) for i in rows)
+
+
+def not_ready(spool_dir: Path) -> list[str]:
+    """What the spool directory holds besides ready files: staged and temporary leftovers."""
+    ready = {p.name for p in list_ready_files(spool_dir)}
+    return sorted(set(os.listdir(spool_dir)) - ready)
+
+
+@pytest.fixture
+def small_batches(spark: SparkSession) -> Iterator[None]:
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", BATCH_SIZE)
+    yield
+    spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+
+
+def failing_once(rows: int, fail_at: int, marker: Path) -> DataFrame:
+    """``rows`` rows in 2 partitions; a pandas UDF upstream of the writer raises on the first
+    attempt of the task that holds row ``fail_at``, when it reaches it."""
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    assert spark is not None
+
+    @pandas_udf("binary")  # type: ignore[call-overload]
+    def value_of(ids: pd.Series) -> pd.Series:
+        ctx = TaskContext.get()
+        assert ctx is not None
+        if ctx.attemptNumber() == 0 and (ids == fail_at).any():
+            marker.write_text(str(ctx.partitionId()))
+            raise RuntimeError("injected failure on the first attempt")
+        return ids.map(value)
+
+    return spark.range(0, rows, numPartitions=2).select(
+        col("id").cast("string").alias("key"), value_of("id").alias("value")
+    )
+
+
+class KeepFirstAttempt(FerryBatchWriter):
+    """Keeps a hard link to the file each first attempt staged (mode "driver") or published
+    (mode "task"), under its final name in the spool directory's sibling "attempt0"."""
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> FerryCommitMessage:
+        message = super().write(iterator)
+        ctx = TaskContext.get()
+        assert ctx is not None
+        if ctx.attemptNumber() == 0 and message.path is not None:
+            keep = Path(self.plan.spool_dir).parent / "attempt0"
+            os.link(message.path, keep / message.name)
+        return message
+
+
+class KeepFirstAttemptSource(FerryDataSource):
+    batch_writer = KeepFirstAttempt
+
+    @classmethod
+    def name(cls) -> str:
+        return "ferry_keep_first_attempt"
+
+
+def test_driver_mode_publishes_only_the_successful_attempts(
+    spark: SparkSession, spool_dir: Path, tmp_path: Path, small_batches: None
+) -> None:
+    rows, fail_at = 4000, 3300  # partition 1 holds 2000..3999: it dies part-way
+    marker = tmp_path / "failed"
+    (tmp_path / "attempt0").mkdir()
+    spark.dataSource.register(KeepFirstAttemptSource)
+    failing_once(rows, fail_at, marker).write.format("ferry_keep_first_attempt").option(
+        "topic", "t"
+    ).mode("append").save(str(spool_dir))
+    assert marker.read_text() == "1"  # the failure did happen
+    # The failed attempt's writer saw its input end normally and staged part of partition 1:
+    cut = next((tmp_path / "attempt0").glob("*-00001.ferry"))
+    assert 0 < verify(cut) < rows // 2
+    files = list_ready_files(spool_dir)
+    assert sorted(p.name[-11:] for p in files) == ["00000.ferry", "00001.ferry"]
+    assert os.stat(cut).st_nlink == 1  # ...but the driver deleted it, and published the retry's
+    assert values(spool_dir) == expected(range(rows))  # every row, once
+    assert not_ready(spool_dir) == []  # no staged or temporary file left
+
+
+def test_task_mode_retry_republishes_the_whole_partition_starting_with_the_same_bytes(
+    spark: SparkSession, spool_dir: Path, tmp_path: Path, small_batches: None
+) -> None:
+    rows, fail_at = 4000, 3300
+    marker = tmp_path / "failed"
+    (tmp_path / "attempt0").mkdir()
+    spark.dataSource.register(KeepFirstAttemptSource)
+    failing_once(rows, fail_at, marker).write.format("ferry_keep_first_attempt").option(
+        "topic", "t"
+    ).option("publish", "task").mode("append").save(str(spool_dir))
+    assert marker.read_text() == "1"
+
+    files = {p.name: p for p in list_ready_files(spool_dir)}
+    assert len(files) == 2 and not_ready(spool_dir) == []
+    assert values(spool_dir) == expected(range(rows))  # the final file is the retry's, whole
+    first = {p.name: p.read_bytes() for p in (tmp_path / "attempt0").iterdir()}
+    [cut_name] = [name for name in first if name.endswith("-00001.ferry")]
+    cut, whole = first[cut_name], files[cut_name].read_bytes()
+    # The first attempt did publish a cut-short, but complete-looking, file...
+    cut_records = [r for _, r in open_spool_file(tmp_path / "attempt0" / cut_name)]
+    assert 0 < len(cut_records) < rows // 2
+    # ...whose blocks are the retry's first blocks, byte for byte: only the trailer differs.
+    assert whole.startswith(cut[: -TRAILER.size])
+    assert len(whole) > len(cut)
+    # The partition that did not fail is the same file as its first attempt's.
+    [(ok_name, ok_bytes)] = [(n, b) for n, b in first.items() if n != cut_name]
+    assert files[ok_name].read_bytes() == ok_bytes
+
+
+def killed_by_another_task(rows: int, spool_dir: Path, started: Path | None) -> DataFrame:
+    """``rows`` rows in 2 partitions, written with jobId "killed". With ``started``:
+    partition 1 starts writing its file (``started`` then exists) and waits until the driver
+    has aborted the job, which partition 0 makes fail, on every attempt, once partition 1
+    has started. So partition 1 is killed, or finishes, after the abort."""
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    assert spark is not None
+    half = rows // 2
+
+    def writing() -> bool:
+        return any(n.startswith(".spark-killed-00001.ferry.") for n in os.listdir(spool_dir))
+
+    @pandas_udf("binary")  # type: ignore[call-overload]
+    def value_of(ids: pd.Series) -> pd.Series:
+        ctx = TaskContext.get()
+        assert ctx is not None
+        if started is not None and ctx.partitionId() == 1 and (ids == half + half // 2).any():
+            wait_until(writing, timeout=60, message="partition 1 writing its file")
+            started.touch()
+            wait_until((spool_dir / ".spark-killed-aborted").exists, timeout=60,
+                       message="the job aborted")
+        elif started is not None and ctx.partitionId() == 0:
+            wait_until(started.exists, timeout=60, message="partition 1 started")
+            raise RuntimeError("injected failure on every attempt")
+        return ids.map(value)
+
+    return spark.range(0, rows, numPartitions=2).select(value_of("id").alias("value"))
+
+
+def test_driver_mode_a_failed_job_publishes_nothing_and_a_rerun_everything_once(
+    spark: SparkSession, spool_dir: Path, tmp_path: Path, small_batches: None
+) -> None:
+    rows = 6000
+    started = tmp_path / "partition-1-started"
+    with pytest.raises(PySparkException, match="injected failure on every attempt"):
+        killed_by_another_task(rows, spool_dir, started).write.format("ferry").option(
+            "topic", "t"
+        ).option("jobId", "killed").mode("append").save(str(spool_dir))
+    assert started.exists()  # partition 1 was writing when the job failed
+    # Spark does not wait for the killed task: it stages its file, finds the abort marker
+    # and deletes the file again; meanwhile nothing is ready, and then nothing is left.
+    assert list_ready_files(spool_dir) == []
+    wait_until(lambda: not_ready(spool_dir) == [".spark-killed-aborted"], timeout=30,
+               message="only the abort marker left")
+    assert list_ready_files(spool_dir) == []
+
+    killed_by_another_task(rows, spool_dir, None).write.format("ferry").option(
+        "topic", "t"
+    ).option("jobId", "killed").mode("append").save(str(spool_dir))
+    assert sorted(p.name for p in list_ready_files(spool_dir)) == [
+        "spark-killed-00000.ferry", "spark-killed-00001.ferry"
+    ]
+    assert values(spool_dir) == expected(range(rows))
+    assert not_ready(spool_dir) == []
+
+
+class StagedElsewhere(FerryBatchWriter):
+    """Moves each staged file out of the spool directory, as if it were on another node's
+    disk: what the driver finds when the spool directory is per node."""
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> FerryCommitMessage:
+        message = super().write(iterator)
+        if message.path is not None:
+            other_node = Path(self.plan.spool_dir).parent / "other-node"
+            shutil.move(message.path, other_node / os.path.basename(message.path))
+        return message
+
+
+class StagedElsewhereSource(FerryDataSource):
+    batch_writer = StagedElsewhere
+
+    @classmethod
+    def name(cls) -> str:
+        return "ferry_staged_elsewhere"
+
+
+def test_driver_mode_publishes_nothing_if_the_driver_cannot_see_a_staged_file(
+    spark: SparkSession, spool_dir: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "other-node").mkdir()
+    spark.dataSource.register(StagedElsewhereSource)
+    df = spark.range(0, 100, numPartitions=2).selectExpr("cast(id AS string) AS value")
+    with pytest.raises(Exception, match=r'2 of 2 staged spool files are not visible on the '
+                       r'driver(.|\n)*\.option\("publish", "task"\)'):
+        df.write.format("ferry_staged_elsewhere").option("topic", "t").mode("append").save(
+            str(spool_dir)
+        )
+    assert list_ready_files(spool_dir) == []
+    assert len(list((tmp_path / "other-node").iterdir())) == 2  # the driver could not see them
+
+
+def test_stream_a_micro_batch_failing_once_puts_each_row_in_the_spool_once(
+    spark: SparkSession, spool_dir: Path, tmp_path: Path, small_batches: None
+) -> None:
+    source = tmp_path / "in"
+    source.mkdir()
+    per_file = 1500
+    for f in range(3):
+        lines = [json.dumps({"n": f * per_file + i}) for i in range(per_file)]
+        (source / f"part-{f}.json").write_text("\n".join(lines) + "\n")
+    marker = tmp_path / "failed"
+    fail_at = per_file + per_file * 3 // 4  # late in micro-batch 1
+
+    @pandas_udf("binary")  # type: ignore[call-overload]
+    def value_of(ids: pd.Series) -> pd.Series:
+        ctx = TaskContext.get()
+        assert ctx is not None
+        if ctx.attemptNumber() == 0 and (ids == fail_at).any():
+            marker.touch()
+            raise RuntimeError("injected failure on the first attempt")
+        return ids.map(value)
+
+    query = (
+        spark.readStream.schema("n long")
+        .option("maxFilesPerTrigger", 1)
+        .json(str(source))
+        .select(value_of(col("n")).alias("value"))
+        .writeStream.format("ferry")
+        .option("topic", "streamed")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start(str(spool_dir))
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None and not query.isActive
+    assert marker.exists()
+    names = [p.name for p in list_ready_files(spool_dir)]
+    assert len(names) == 3 and all(re.fullmatch(r"spark-[0-9a-f-]{36}-\d{10}-00000\.ferry", n)
+                                   for n in names)
+    assert values(spool_dir) == expected(range(3 * per_file))
+    assert not_ready(spool_dir) == []
