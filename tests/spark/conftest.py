@@ -55,3 +55,12 @@ def spool_dir(tmp_path: Path) -> Path:
     directory = tmp_path / "spool"
     directory.mkdir()
     return directory
+
+
+@pytest.fixture
+def small_batches(spark: SparkSession) -> Iterator[None]:
+    """250 Arrow rows per batch, so a writer whose input ends early (tests/spark/faults.py)
+    has written some blocks of its partition by then."""
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "250")
+    yield
+    spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
