@@ -108,16 +108,16 @@ def _run(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - say what is wrong in one line, not a traceback
         print(f"ferry: cannot open the buffer at {config.buffer.path}: {exc}", file=sys.stderr)
         return 1
-    run_until_signalled(agent)
-    return 0
+    # Non-zero when the agent stopped itself (its forwarder kept crashing): systemd restarts it.
+    return run_until_signalled(agent)
 
 
 # -- send ----------------------------------------------------------------------------------
 def _send(args: argparse.Namespace) -> int:
-    from agent.client import FerryClient
-    from agent.config import is_valid_topic
+    # The application client (stdlib only): what `ferry send` does, any program can do.
+    from client import FerryClient, is_legal_topic
 
-    if not is_valid_topic(args.topic):
+    if not is_legal_topic(args.topic):
         print(f"ferry send: {args.topic!r} is not a legal Kafka topic name "
               "([A-Za-z0-9._-], 1 to 249 characters)", file=sys.stderr)
         return 1

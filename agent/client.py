@@ -1,30 +1,18 @@
-"""Send messages to a local Ferry over its UNIX datagram socket (Bruce's wire format).
+"""Moved: the client is the stdlib-only package ``client`` (``from client import FerryClient``).
 
-::
-
-    from agent.client import FerryClient
-
-    with FerryClient("/run/ferry/ferry.sock") as ferry:
-        ferry.send("clicks", b'{"user": 42}')                      # AnyPartition, round-robin
-        ferry.send("clicks", b"...", key=b"user-42", partition_key=42)  # PartitionKey
-
-A datagram gets no reply: Ferry counts and logs what it rejects, but the sender never hears
-of it. So this client checks what it can before sending (topic name, field ranges, the
-datagram size limit) and raises instead of sending something doomed. Sends block while
-Ferry's receive queue is full, so a busy Ferry slows the sender down rather than losing
-messages; pass ``timeout`` to bound that wait.
+Kept only so that code written against the old path keeps working; new code imports from
+``client``, which applications can install without the agent (README, "Sending messages").
 """
 
-from __future__ import annotations
-
-import errno
-import os
-import socket
-import threading
-from pathlib import Path
-from types import TracebackType
-
-from agent.ingest.datagram import encode_any_partition, encode_partition_key
+from client.datagram import (
+    DEFAULT_SOCKET_PATH,
+    FerryClient,
+    FerryClientError,
+    FerryUnavailable,
+    MessageTooLarge,
+    QueueFull,
+    send,
+)
 
 __all__ = [
     "DEFAULT_SOCKET_PATH",
@@ -32,169 +20,6 @@ __all__ = [
     "FerryClientError",
     "FerryUnavailable",
     "MessageTooLarge",
+    "QueueFull",
     "send",
 ]
-
-# agent.config.SocketConfig.path's default; a test keeps the two equal.
-DEFAULT_SOCKET_PATH = Path("/run/ferry/ferry.sock")
-
-_SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes including the terminating NUL
-
-# What a failed connect means, by errno, for FerryUnavailable's message.
-_UNAVAILABLE = {
-    errno.ENOENT: "does not exist (is Ferry running, and is this its socket.path?)",
-    errno.ENOTDIR: "does not exist (is Ferry running, and is this its socket.path?)",
-    errno.ECONNREFUSED: "is not accepting messages (Ferry is stopped or restarting)",
-    errno.EACCES: "is not writable by this user (see Ferry's socket.mode and the socket's group)",
-}
-
-
-class FerryClientError(OSError):
-    """Base of the client's errors; an OSError, so existing socket error handling sees it."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(code, message)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
-
-
-class FerryUnavailable(FerryClientError):
-    """No Ferry socket to send to: missing, not listening, or not writable for this user."""
-
-
-class MessageTooLarge(FerryClientError):
-    """The datagram is larger than the socket accepts (EMSGSIZE); nothing was sent."""
-
-    def __init__(self, size: int, send_buffer_bytes: int) -> None:
-        super().__init__(
-            errno.EMSGSIZE,
-            f"message datagram of {size} bytes is larger than the socket accepts "
-            f"(send buffer {send_buffer_bytes} bytes); raise send_buffer_bytes "
-            f"(capped by net.core.wmem_max) or send large messages over HTTP or a spool file",
-        )
-        self.size = size
-        self.send_buffer_bytes = send_buffer_bytes
-
-
-class FerryClient:
-    """A connection to Ferry's datagram socket at ``path``; use it as a context manager.
-
-    ``timeout`` (seconds) bounds how long :meth:`send` waits while Ferry's receive queue is
-    full; on expiry it raises :class:`TimeoutError` and the message was not sent. The default,
-    None, waits as long as it takes. ``send_buffer_bytes`` sets SO_SNDBUF, which on Linux is
-    also the largest datagram the socket can send (the kernel caps it at net.core.wmem_max).
-
-    One client may be shared between threads.
-    """
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str] = DEFAULT_SOCKET_PATH,
-        *,
-        timeout: float | None = None,
-        send_buffer_bytes: int | None = None,
-    ) -> None:
-        self.path = os.fspath(path)
-        if len(os.fsencode(self.path)) > _SUN_PATH_MAX:
-            raise ValueError(f"socket path {self.path!r} is longer than {_SUN_PATH_MAX} bytes")
-        self._timeout = timeout
-        self._send_buffer_bytes = send_buffer_bytes
-        self._lock = threading.Lock()
-        self._sock = self._connect()
-
-    def _connect(self) -> socket.socket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        try:
-            if self._send_buffer_bytes is not None:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._send_buffer_bytes)
-            sock.settimeout(self._timeout)
-            sock.connect(self.path)
-        except OSError as exc:
-            sock.close()
-            why = _UNAVAILABLE.get(exc.errno or 0)
-            if why is None:
-                raise
-            raise FerryUnavailable(exc.errno or 0, f"Ferry socket {self.path} {why}") from exc
-        return sock
-
-    def send(
-        self,
-        topic: str,
-        value: bytes,
-        key: bytes | None = None,
-        partition_key: int | None = None,
-        timestamp_ms: int | None = None,
-    ) -> None:
-        """Send one message; returns once the kernel queued it on Ferry's socket.
-
-        Without ``partition_key`` it is an AnyPartition message (Ferry spreads these across
-        partitions round-robin); with it, a PartitionKey message (a signed 32-bit int choosing
-        the partition; unrelated to the Kafka ``key``). ``timestamp_ms`` defaults to now.
-
-        Raises :class:`ValueError` for an illegal topic name or out-of-range field,
-        :class:`MessageTooLarge`, :class:`FerryUnavailable`, or :class:`TimeoutError`.
-        """
-        if partition_key is None:
-            datagram = encode_any_partition(topic, value, key, timestamp_ms)
-        else:
-            datagram = encode_partition_key(topic, partition_key, value, key, timestamp_ms)
-        self.send_datagram(datagram)
-
-    def send_datagram(self, datagram: bytes) -> None:
-        """Send one already-encoded datagram (see :mod:`agent.ingest.datagram`)."""
-        sock = self._sock
-        try:
-            sock.send(datagram)
-        except OSError as exc:
-            if exc.errno == errno.EMSGSIZE:
-                limit = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
-                raise MessageTooLarge(len(datagram), limit) from None
-            if exc.errno not in (errno.ECONNREFUSED, errno.ENOTCONN):
-                raise
-            # Ferry restarted: the socket we were connected to is gone and a new one may be at
-            # the path. The failed send queued nothing, so sending once more cannot duplicate.
-            self._reconnect(sock).send(datagram)
-
-    def _reconnect(self, stale: socket.socket) -> socket.socket:
-        with self._lock:
-            if self._sock is stale:  # another thread may have reconnected already
-                fresh = self._connect()
-                self._sock = fresh
-                stale.close()
-            return self._sock
-
-    def close(self) -> None:
-        """Close the socket; further sends raise OSError."""
-        self._sock.close()
-
-    def __enter__(self) -> FerryClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-def send(
-    topic: str,
-    value: bytes,
-    key: bytes | None = None,
-    partition_key: int | None = None,
-    timestamp_ms: int | None = None,
-    *,
-    socket_path: str | os.PathLike[str] = DEFAULT_SOCKET_PATH,
-    timeout: float | None = None,
-) -> None:
-    """Send one message on a fresh connection; see :meth:`FerryClient.send`.
-
-    Convenient for scripts; a program that sends many messages should keep one
-    :class:`FerryClient` open instead.
-    """
-    with FerryClient(socket_path, timeout=timeout) as client:
-        client.send(topic, value, key, partition_key, timestamp_ms)

@@ -7,8 +7,7 @@ import socket
 import struct
 from pathlib import Path
 
-from agent.client import FerryClient
-from agent.ingest import datagram
+from client import FerryClient, wire
 from tests.agent_harness import (
     AgentProcess,
     now_ms,
@@ -54,18 +53,18 @@ def test_both_message_types_reach_the_right_partition_intact(
 
 
 def _malformed_variants(topic: str) -> list[tuple[str, bytes]]:
-    good = datagram.encode_any_partition(topic, b"value", key=b"key", timestamp_ms=1)
-    good_pk = datagram.encode_partition_key(topic, 5, b"value", timestamp_ms=1)
+    good = wire.encode_any_partition(topic, b"value", key=b"key", timestamp_ms=1)
+    good_pk = wire.encode_partition_key(topic, 5, b"value", timestamp_ms=1)
     wrong_size = struct.pack(">i", len(good) + 3) + good[4:]
     flags = good[:8] + struct.pack(">h", 1) + good[10:]
     api_key = good[:4] + struct.pack(">h", 258) + good[6:]
     version = good[:6] + struct.pack(">h", 1) + good[8:]
-    zero_topic = datagram.encode_any_partition(topic, b"v")
+    zero_topic = wire.encode_any_partition(topic, b"v")
     zero_topic = zero_topic[:10] + struct.pack(">h", 0) + zero_topic[12 + len(topic):]
     zero_topic = struct.pack(">i", len(zero_topic)) + zero_topic[4:]
     trailing = good + b"x"
     trailing = struct.pack(">i", len(trailing)) + trailing[4:]
-    bad_topic = datagram.encode_any_partition("a" * len(topic), b"v").replace(
+    bad_topic = wire.encode_any_partition("a" * len(topic), b"v").replace(
         b"a" * len(topic), b"b d" + b"a" * (len(topic) - 3))
     return [
         ("malformed", b""),
@@ -79,7 +78,7 @@ def _malformed_variants(topic: str) -> list[tuple[str, bytes]]:
         ("unsupported_api_key", api_key),
         ("unsupported_version", version),
         ("bad_topic", bad_topic),
-        ("too_large", datagram.encode_any_partition(topic, b"x" * 2000)),
+        ("too_large", wire.encode_any_partition(topic, b"x" * 2000)),
     ]
 
 

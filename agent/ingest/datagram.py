@@ -1,5 +1,6 @@
-"""Bruce's UNIX-datagram wire format: parse one datagram (into a Record or straight into a
-buffer value), and encode one.
+"""Bruce's UNIX-datagram wire format, the decoding side: parse one datagram (into a Record or
+straight into a buffer value). The encoder is the client's (``client/wire.py``), whose
+constants this module shares; tests/client/test_wire.py checks each against the other.
 
 Every datagram is one message, all integers big-endian (Kafka protocol notation)::
 
@@ -21,13 +22,13 @@ before it slices anything. It raises nothing but :class:`Reject`, whatever the b
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable, Mapping
 from struct import Struct
 
 from agent.buffer.codec import encode_value
 from agent.config import is_valid_topic
 from agent.records import Record
+from client.wire import ANY_PARTITION, API_VERSION, PARTITION_KEY
 
 __all__ = [
     "ANY_PARTITION",
@@ -38,15 +39,9 @@ __all__ = [
     "UNSUPPORTED_API_KEY",
     "UNSUPPORTED_VERSION",
     "Reject",
-    "encode_any_partition",
-    "encode_partition_key",
     "parse",
     "parse_encoded",
 ]
-
-ANY_PARTITION = 256
-PARTITION_KEY = 257
-API_VERSION = 0
 
 # Reject reasons; they double as metric/discard-log labels, so they never change.
 MALFORMED = "malformed"
@@ -71,10 +66,6 @@ _TS_KEYSIZE_SIZE = _TS_KEYSIZE.size  # 12
 _VALUESIZE_SIZE = _VALUESIZE.size  # 4
 # Bytes after the topic when key and value are empty: Timestamp KeySize ValueSize.
 _TAIL_MIN = _TS_KEYSIZE_SIZE + _VALUESIZE_SIZE
-
-_INT16_MAX = 2**15 - 1
-_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 # Validated topic names by their raw bytes. Clients send a handful of topics millions of times;
 # the cache skips the ASCII decode and the regex and hands every Record the same interned str.
@@ -239,84 +230,3 @@ def _check_topic(raw: bytes) -> str:
     topic = sys.intern(topic)
     _TOPIC_CACHE[raw] = topic
     return topic
-
-
-def encode_any_partition(
-    topic: str,
-    value: bytes,
-    key: bytes | None = None,
-    timestamp_ms: int | None = None,
-) -> bytes:
-    """One AnyPartition (ApiKey 256, version 0) datagram; Ferry spreads these round-robin.
-
-    ``timestamp_ms`` defaults to now. Raises :class:`ValueError` for an illegal topic name or
-    a field that does not fit the format, since a datagram sender never hears of a reject.
-    """
-    raw_topic = _encode_topic(topic)
-    key = key or b""
-    timestamp_ms = _timestamp(timestamp_ms)
-    size = _ANY_HEAD_SIZE + len(raw_topic) + _TAIL_MIN + len(key) + len(value)
-    _check_size(size)
-    return b"".join(
-        (
-            _ANY_HEAD.pack(size, ANY_PARTITION, API_VERSION, 0, len(raw_topic)),
-            raw_topic,
-            _TS_KEYSIZE.pack(timestamp_ms, len(key)),
-            key,
-            _VALUESIZE.pack(len(value)),
-            value,
-        )
-    )
-
-
-def encode_partition_key(
-    topic: str,
-    partition_key: int,
-    value: bytes,
-    key: bytes | None = None,
-    timestamp_ms: int | None = None,
-) -> bytes:
-    """One PartitionKey (ApiKey 257, version 0) datagram.
-
-    ``partition_key`` is a signed 32-bit integer that picks the partition (key mod the topic's
-    partition count); it is unrelated to the Kafka record ``key``. Raises :class:`ValueError`
-    as :func:`encode_any_partition` does, and for a partition key outside int32.
-    """
-    raw_topic = _encode_topic(topic)
-    if not isinstance(partition_key, int) or not _INT32_MIN <= partition_key <= _INT32_MAX:
-        raise ValueError(f"partition_key {partition_key!r} is not a signed 32-bit integer")
-    key = key or b""
-    timestamp_ms = _timestamp(timestamp_ms)
-    size = _KEY_HEAD_SIZE + len(raw_topic) + _TAIL_MIN + len(key) + len(value)
-    _check_size(size)
-    return b"".join(
-        (
-            _KEY_HEAD.pack(size, PARTITION_KEY, API_VERSION, 0, partition_key, len(raw_topic)),
-            raw_topic,
-            _TS_KEYSIZE.pack(timestamp_ms, len(key)),
-            key,
-            _VALUESIZE.pack(len(value)),
-            value,
-        )
-    )
-
-
-def _encode_topic(topic: str) -> bytes:
-    if not is_valid_topic(topic) or "\n" in topic:
-        raise ValueError(f"topic {topic[:64]!r} is not a legal Kafka topic name")
-    raw = topic.encode("ascii")  # legal names are ASCII
-    assert 0 < len(raw) <= _INT16_MAX
-    return raw
-
-
-def _timestamp(timestamp_ms: int | None) -> int:
-    if timestamp_ms is None:
-        return time.time_ns() // 1_000_000
-    if not isinstance(timestamp_ms, int) or not _INT64_MIN <= timestamp_ms <= _INT64_MAX:
-        raise ValueError(f"timestamp_ms {timestamp_ms!r} is not a signed 64-bit integer")
-    return timestamp_ms
-
-
-def _check_size(size: int) -> None:
-    if size > _INT32_MAX:
-        raise ValueError(f"message of {size} bytes does not fit the int32 Size field")

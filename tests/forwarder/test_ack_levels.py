@@ -12,9 +12,9 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from agent.client import FerryClient
 from agent.config import ForwarderConfig, KafkaClusterConfig
 from agent.forwarder.clusters import producer_config
+from client import FerryClient
 from tests.agent_harness import running_agent
 from tests.kafka import Broker, TcpProxy, consume_all
 from tests.waiting import wait_until

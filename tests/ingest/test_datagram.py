@@ -16,12 +16,11 @@ from agent.ingest.datagram import (
     UNSUPPORTED_API_KEY,
     UNSUPPORTED_VERSION,
     Reject,
-    encode_any_partition,
-    encode_partition_key,
     parse,
     parse_encoded,
 )
 from agent.records import Record
+from client.wire import encode_any_partition, encode_partition_key
 
 LIMIT = 1_000_000
 

@@ -29,9 +29,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.client import FerryClient
 from agent.config import load_config
 from agent.ingest import datagram
+from client import FerryClient, wire
 from spool.format import (
     BLOCK_HEADER,
     FILE_HEADER,
@@ -503,10 +503,10 @@ def fuzz_datagrams(draw: st.DrawFn) -> bytes:
     key = draw(st.none() | st.binary(max_size=10))
     try:
         if draw(st.booleans()):
-            data = datagram.encode_any_partition(topic, value, key, 1)
+            data = wire.encode_any_partition(topic, value, key, 1)
         else:
-            data = datagram.encode_partition_key(topic, draw(st.integers(-(2**31), 2**31 - 1)),
-                                                 value, key, 1)
+            data = wire.encode_partition_key(topic, draw(st.integers(-(2**31), 2**31 - 1)),
+                                             value, key, 1)
     except ValueError:
         data = draw(st.binary(max_size=60))
     kind = draw(st.sampled_from(["as is", "mutated", "random"]))

@@ -10,8 +10,8 @@ from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 
 from agent import __version__
-from agent.client import FerryClient
 from agent.daemon import Agent
+from client import FerryClient
 from status.routes import StatusService
 from tests.agent_harness import AgentProcess, write_config
 from tests.kafka import Broker, unique_topic_name
