@@ -99,8 +99,7 @@ def _run(args: argparse.Namespace) -> int:
             setup_logging(trial.config.log_level)
             agent = Agent(trial.config)
             trial.print_welcome()
-            run_until_signalled(agent)
-        return 0
+            return run_until_signalled(agent)
     config = load_config(args.config)
     setup_logging(config.log_level)
     try:

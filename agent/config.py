@@ -170,6 +170,14 @@ class ForwarderConfig(_Section):
     # Until then librdkafka keeps it queued in order: per-key order within a cluster holds
     # across any outage shorter than this.
     message_timeout_ms: int = Field(default=300_000, ge=1000)
+    # The forwarder process, restarted when it dies (agent/supervision.py): after a crash,
+    # wait restart_backoff_seconds, doubling per crash up to restart_backoff_max_seconds; a
+    # run of restart_healthy_seconds resets that. restart_max_crashes crashes in a row with
+    # no healthy run between them stop the agent with exit code 1 (0: never give up).
+    restart_backoff_seconds: float = Field(default=0.5, gt=0, le=3600, allow_inf_nan=False)
+    restart_backoff_max_seconds: float = Field(default=30.0, gt=0, le=3600, allow_inf_nan=False)
+    restart_healthy_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    restart_max_crashes: int = Field(default=10, ge=0)
 
 
 class StatusConfig(_Section):

@@ -3,7 +3,8 @@
 Process layout (docs/design.md explains why): the ingest process runs the socket, HTTP and
 spool sources and the buffer's writer thread; the forwarder runs in a second process that
 opens the same LMDB environment, so neither competes with the other for one GIL. The ingest
-process restarts the forwarder if it dies and merges its metrics into the one registry.
+process restarts the forwarder if it dies (agent/supervision.py: back-off, give-up) and merges
+its metrics into the one registry.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
@@ -27,6 +29,7 @@ from agent.forwarder import process as forwarder_process
 from agent.metrics import REGISTRY, Registry
 from agent.records import REPLAYED, Source
 from agent.runtime import Phase, Runtime
+from agent.supervision import Exit, GaveUp, RestartPolicy, supervise
 
 log = logging.getLogger(__name__)
 
@@ -37,26 +40,43 @@ class Stage(Protocol):
 
 
 class ForwarderHandle:
-    """The forwarder child process, seen from the ingest process."""
+    """The forwarder child process, seen from the ingest process.
+
+    A watch thread relays its metrics and restarts it when it dies, as agent/supervision.py
+    decides; when that gives up, ``on_give_up`` is called with the reason (the Agent then
+    stops and the daemon exits non-zero).
+    """
 
     def __init__(self, config: FerryConfig, registry: Registry,
-                 store: Store | None = None) -> None:
+                 store: Store | None = None,
+                 on_give_up: Callable[[str], None] | None = None) -> None:
         self.config = config
         self.registry = registry
         self.store = store  # the ingest process's: its reader slots are checked after a crash
         self._ctx = multiprocessing.get_context("spawn")
         self._proc: BaseProcess | None = None
         self._conn: Connection | None = None
+        self._started_at = 0.0
+        self._exited = False  # the current process was seen to end: the next run starts one
         self._stopping = False
+        self._woken = threading.Event()  # set by stop(): cuts a restart back-off short
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._watch, name="forwarder-watch", daemon=True)
+        self._on_give_up = on_give_up
+        fwd = config.forwarder
+        self.policy = RestartPolicy(backoff=fwd.restart_backoff_seconds,
+                                    backoff_max=fwd.restart_backoff_max_seconds,
+                                    healthy_after=fwd.restart_healthy_seconds,
+                                    max_crashes=fwd.restart_max_crashes)
         self.restarts = 0
 
     def start(self) -> None:
-        self._spawn()
+        with self._lock:
+            self._spawn()
         self._thread.start()
 
     def _spawn(self) -> None:
+        """Start a forwarder process; called with ``_lock`` held."""
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(
             target=forwarder_process.main,
@@ -66,18 +86,36 @@ class ForwarderHandle:
         )
         proc.start()
         child.close()
-        with self._lock:
-            self._proc, self._conn = proc, parent
+        self._proc, self._conn = proc, parent
+        self._started_at = time.monotonic()
+        self._exited = False
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
     def _watch(self) -> None:
+        try:
+            supervise("forwarder", self._run, self.policy, self._back_off)
+        except GaveUp as exc:
+            log.critical("%s: Ferry stops, and exits non-zero for its service manager to "
+                         "restart it", exc)
+            sd_notify(f"STATUS=stopping: {exc}")
+            if self._on_give_up is not None:
+                self._on_give_up(str(exc))
+
+    def _back_off(self, seconds: float) -> None:
+        self._woken.wait(seconds)  # stop() sets it: no back-off delays a shutdown
+
+    def _run(self) -> Exit | None:
+        """One run of the forwarder: start it unless it runs, relay its metrics until it
+        ends; how it ended, or None once it was asked to stop."""
+        if self._exited and not self._restart():
+            return None
+        with self._lock:
+            conn, proc, started = self._conn, self._proc, self._started_at
+        assert conn is not None and proc is not None
         while True:
-            with self._lock:
-                conn, proc = self._conn, self._proc
-            assert conn is not None and proc is not None
             try:
                 if conn.poll(0.5):
                     kind, payload = conn.recv()
@@ -85,27 +123,37 @@ class ForwarderHandle:
                         self.registry.merge("forwarder", payload)
                     continue
             except (EOFError, OSError):
-                pass
+                # Its end of the pipe is closed: it is exiting. Wait on the sentinel rather
+                # than spin on a pipe that is always readable now.
+                wait([proc.sentinel], 0.5)
             if proc.is_alive():
                 continue
             if self._stopping:
-                return
-            log.error("forwarder process exited with %s; restarting it", proc.exitcode)
-            if self.store is not None:
-                # Killed inside a read transaction, it left a reader slot that would keep
-                # LMDB from reusing any page freed from now on.
-                freed = self.store.reader_check()
-                if freed:
-                    log.info("cleared %d reader slot(s) the forwarder left", freed)
+                return None
+            self._exited = True
+            return Exit(proc.exitcode, time.monotonic() - started)
+
+    def _restart(self) -> bool:
+        """Start the next forwarder after a crash; False when stopping instead."""
+        if self.store is not None:
+            # Killed inside a read transaction, it left a reader slot that would keep
+            # LMDB from reusing any page freed from now on.
+            freed = self.store.reader_check()
+            if freed:
+                log.info("cleared %d reader slot(s) the forwarder left", freed)
+        with self._lock:
+            if self._stopping:  # stop() must not race a new child into existence
+                return False
             self.restarts += 1
             self.registry.inc("process_restarts", process="forwarder")
-            time.sleep(min(0.2 * self.restarts, 5.0))  # back off a crash loop
             self._spawn()
+        return True
 
     def stop(self, timeout: float = 15.0) -> None:
-        self._stopping = True
         with self._lock:
+            self._stopping = True
             conn, proc = self._conn, self._proc
+        self._woken.set()
         if conn is not None:
             with contextlib.suppress(OSError):
                 conn.send("stop")
@@ -143,7 +191,11 @@ class Agent:
                                    linger_ms=config.buffer.commit_interval_ms,
                                    nice=config.buffer.writer_nice)
         self.runtime = Runtime(config, self.store, self.committer, registry)
-        self.forwarder = ForwarderHandle(config, registry, self.store)
+        # Set by a signal (run_until_signalled) or by the forwarder's supervisor giving up.
+        self.stop_requested = threading.Event()
+        self.failure: str | None = None  # why the agent stopped itself; the daemon exits 1
+        self.forwarder = ForwarderHandle(config, registry, self.store,
+                                         on_give_up=self._give_up)
         self.stages: list[Stage] = []
         self._stopped = threading.Event()
         self._monitor = threading.Thread(target=self._monitor_loop, name="monitor", daemon=True)
@@ -192,6 +244,10 @@ class Agent:
         self._stopped.set()
         self.store.close()
         log.info("ferry stopped")
+
+    def _give_up(self, reason: str) -> None:
+        self.failure = reason
+        self.stop_requested.set()
 
     def _replay_totals(self) -> dict[str, int]:
         return {key[len(REPLAYED):].decode("ascii", "replace"): _decode_total(raw)
@@ -274,18 +330,21 @@ def sd_notify(message: str) -> None:
         log.warning("sd_notify failed: %s", exc)
 
 
-def run_until_signalled(agent: Agent) -> None:
-
-    stop = threading.Event()
+def run_until_signalled(agent: Agent) -> int:
+    """Run ``agent`` until SIGTERM/SIGINT or until it fails; the process's exit code."""
 
     def handler(signum: int, frame: Any) -> None:
         log.info("signal %d: stopping", signum)
-        stop.set()
+        agent.stop_requested.set()
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
     agent.start()
     try:
-        stop.wait()
+        agent.stop_requested.wait()
     finally:
         agent.stop()
+    if agent.failure is not None:
+        log.critical("ferry stopped because %s", agent.failure)
+        return 1
+    return 0
