@@ -10,11 +10,16 @@ import importlib.util
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
 from types import TracebackType
 
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+
 from agent.config import FerryConfig, load_config
+
+
+class _BrokerExited(Exception):
+    pass
 
 
 def tansu_binary() -> Path:
@@ -57,16 +62,21 @@ class TryOut:
             [str(tansu_binary()), "broker", "--listener-url", url,
              "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
             stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the tansu broker did not start; see "
-                                       f"{self.root / 'tansu.log'}") from None
-                time.sleep(0.05)  # waiting for the broker's port: nothing to block on
+        proc = self.proc
+
+        def probe() -> None:
+            if proc.poll() is not None:
+                raise _BrokerExited
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+
+        # Polling the broker's port until it listens (there is nothing to block on): a retry
+        # on OSError, every 50 ms for at most 10 s; a broker that exited ends it at once.
+        try:
+            Retrying(retry=retry_if_exception_type(OSError), wait=wait_fixed(0.05),
+                     stop=stop_after_delay(10), reraise=True)(probe)
+        except (OSError, _BrokerExited):
+            raise RuntimeError(f"the tansu broker did not start; see "
+                               f"{self.root / 'tansu.log'}") from None
         # Only a config named with --config: the host's /etc/ferry/ferry.toml is production's
         # (its remote cluster must not receive demo traffic).
         self.config = load_config(self.config_path, system_default=False, **self._overrides())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,19 @@ def test_try_out_ignores_the_hosts_production_config(
     with tryout.TryOut(tmp_path / "state") as trial:
         assert trial.config.kafka.remote is None  # demo traffic stays on the laptop
         assert trial.config.kafka.local.bootstrap_servers == f"127.0.0.1:{trial.port}"
+
+
+def test_try_out_says_so_at_once_when_its_broker_exits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent import tryout
+
+    fake = tmp_path / "tansu"
+    fake.write_text(f"#!{sys.executable}\nimport sys\nsys.exit(3)\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(tryout, "tansu_binary", lambda: fake)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="the tansu broker did not start; see .*tansu.log"):
+        tryout.TryOut(tmp_path / "state").__enter__()
+    # Not the 10 s the port is waited for: the probe stops retrying once the broker exited.
+    assert time.monotonic() - started < 8
