@@ -30,6 +30,7 @@ import errno
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,10 @@ log = logging.getLogger(__name__)
 # posix_fallocate on a filesystem nearly full: after the whole extension is refused, try
 # smaller ones down to this, so the file owns whatever was still free.
 _MIN_GROWTH = 1024 * 1024
+# After the filesystem refused to extend the file, try again no sooner than this unless it
+# reports the room free: while it is full, every refused group would otherwise try (a few
+# system calls each, possibly thousands a second).
+_RETRY_SECONDS = 0.5
 
 
 class InsufficientSpace(Exception):
@@ -61,6 +66,7 @@ class Space:
         self.supported = True  # False on a filesystem without fallocate (then: best effort)
         # The filesystem refused to extend the file; logged once per change.
         self.refused = False
+        self._refused_at = 0.0
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -97,9 +103,15 @@ class Space:
         with self._lock:
             if self.allocated >= end:
                 return True
+            now = time.monotonic()
+            if (self.refused and now - self._refused_at < _RETRY_SECONDS
+                    and _free_bytes(self.file.parent) < end - self.allocated):
+                return False  # (one statvfs: space that returns is used at once)
             target = min(self.cap, end + self.reserve)
             got = self._allocate(self.allocated, target, fill_holes=False)
             ok = got >= end
+            if not ok:
+                self._refused_at = now
             if not ok and not self.refused:
                 self.refused = True
                 log.warning(

@@ -374,6 +374,10 @@ class Store:
                 new = min(self.map_cap, current * 2)
                 self._exclusive(lambda size=new: self._env.set_mapsize(size))
             except lmdb.Error as exc:
+                # A dead process's reader slot keeps LMDB from reusing freed pages, so a
+                # commit may have needed pages the file does not have: clear and retry.
+                if self.reader_check():
+                    continue
                 raise _unavailable(exc, self.path) from None
 
     # -- capacity --------------------------------------------------------------------------

@@ -213,3 +213,22 @@ def test_tools_opening_the_buffer_do_not_grow_it(disk: Path) -> None:
     with Store(disk / "b", 1024 * MB, reserve_bytes=6 * MB) as s:
         assert s.topic_stats() == []
     assert (disk / "b" / "data.mdb").stat().st_size == size
+
+
+def test_while_the_filesystem_is_full_refusals_do_not_each_try_to_grow_the_file(
+    disk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Store(disk / "b", 1024 * MB, reserve_bytes=2 * MB, open_space="require") as s:
+        fill(disk)
+        append_until_refused(s)
+        calls: list[int] = []
+        fallocate = os.posix_fallocate
+
+        def counting(fd: int, offset: int, length: int) -> None:
+            calls.append(length)
+            fallocate(fd, offset, length)
+
+        monkeypatch.setattr(os, "posix_fallocate", counting)
+        for _ in range(200):
+            assert isinstance(s.append([group()])[0], DiskFull)
+        assert len(calls) < 20, f"{len(calls)} fallocate calls for 200 refused groups"
