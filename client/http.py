@@ -41,6 +41,8 @@ __all__ = ["FerryHttp", "PublishError", "PublishFailed", "PublishRejected", "Pub
 # limit (429), the body not received in time (408).
 RETRYABLE_STATUSES = frozenset({408, 429, 503})
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+# How a keep-alive connection the server has closed fails when used again.
+_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,16 @@ class FerryHttp:
         for attempt in range(1, self.attempts + 1):
             retry_after: float | None = None
             try:
-                status, answer, reply_headers = self._request(path, body, headers)
+                resend: tuple[type[Exception], ...] = (
+                    _STALE if self._conn is not None and idempotency_key is not None else ())
+                try:
+                    status, answer, reply_headers = self._request(path, body, headers)
+                except resend:
+                    # Ferry closes idle keep-alive connections (http.keep_alive_seconds); the
+                    # first request on one it just closed fails so. Again at once on a fresh
+                    # connection, not counted as an attempt: the key makes it safe.
+                    self.close()
+                    status, answer, reply_headers = self._request(path, body, headers)
             except (OSError, http.client.HTTPException) as exc:
                 self.close()  # the connection's state is unknown: start afresh
                 last = f"{type(exc).__name__}: {exc}"

@@ -163,3 +163,51 @@ def test_busy_answers_are_retried_with_the_same_idempotency_key() -> None:
     keys = {key for _, key, _ in _Busy.seen}
     assert len(keys) == 1 and keys == {answer.idempotency_key}
     assert sleeps == [2.0, 2.0]  # Retry-After, above the tiny back-off and under its cap
+
+
+class _ClosesIdle(http.server.BaseHTTPRequestHandler):
+    """Keep-alive in name (HTTP/1.1, no "Connection: close"), but closes the connection after
+    each answer, as Ferry does to a connection idle for http.keep_alive_seconds."""
+
+    protocol_version = "HTTP/1.1"
+    keys: list[str | None] = []
+    closed = threading.Semaphore(0)
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.keys.append(self.headers.get("Idempotency-Key"))
+        data = json.dumps({"id": f"{len(self.keys):024d}", "delivered": False}).encode()
+        self.send_response(202)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        self.close_connection = True
+
+    def finish(self) -> None:
+        super().finish()
+        self.closed.release()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_keep_alive_connection_the_server_closed_is_replaced_without_a_retry() -> None:
+    _ClosesIdle.keys = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ClosesIdle)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    sleeps: list[float] = []
+    try:
+        with FerryHttp(f"http://127.0.0.1:{server.server_address[1]}",
+                       sleep=sleeps.append) as ferry:
+            first = ferry.publish("orders", b"1")
+            assert _ClosesIdle.closed.acquire(timeout=5)  # the server closed it after answering
+            second = ferry.publish("orders", b"2")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    assert (first.attempts, second.attempts) == (1, 1) and sleeps == []
+    # The closed connection took no request: the server saw two, each with its own key.
+    assert _ClosesIdle.keys == [first.idempotency_key, second.idempotency_key]
+    assert second.id == f"{2:024d}"
