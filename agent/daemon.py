@@ -98,11 +98,17 @@ class ForwarderHandle:
         try:
             supervise("forwarder", self._run, self.policy, self._back_off)
         except GaveUp as exc:
-            log.critical("%s: Ferry stops, and exits non-zero for its service manager to "
-                         "restart it", exc)
-            sd_notify(f"STATUS=stopping: {exc}")
-            if self._on_give_up is not None:
-                self._on_give_up(str(exc))
+            self._give_up(str(exc))
+        except Exception:  # noqa: BLE001 - unsupervised, the forwarder would fail unseen
+            log.exception("watching the forwarder process failed")
+            self._give_up("watching the forwarder process failed")
+
+    def _give_up(self, reason: str) -> None:
+        log.critical("%s: Ferry stops, and exits non-zero for its service manager to "
+                     "restart it", reason)
+        sd_notify(f"STATUS=stopping: {reason}")
+        if self._on_give_up is not None:
+            self._on_give_up(reason)
 
     def _back_off(self, seconds: float) -> None:
         self._woken.wait(seconds)  # stop() sets it: no back-off delays a shutdown
@@ -131,16 +137,17 @@ class ForwarderHandle:
             if self._stopping:
                 return None
             self._exited = True
+            if self.store is not None:
+                # Killed inside a read transaction, it left a reader slot that would keep
+                # LMDB from reusing any page freed from now on: cleared now, not after the
+                # back-off.
+                freed = self.store.reader_check()
+                if freed:
+                    log.info("cleared %d reader slot(s) the forwarder left", freed)
             return Exit(proc.exitcode, time.monotonic() - started)
 
     def _restart(self) -> bool:
         """Start the next forwarder after a crash; False when stopping instead."""
-        if self.store is not None:
-            # Killed inside a read transaction, it left a reader slot that would keep
-            # LMDB from reusing any page freed from now on.
-            freed = self.store.reader_check()
-            if freed:
-                log.info("cleared %d reader slot(s) the forwarder left", freed)
         with self._lock:
             if self._stopping:  # stop() must not race a new child into existence
                 return False

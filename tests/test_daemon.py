@@ -9,7 +9,11 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
+from agent.config import load_config
+from agent.daemon import Agent
+from agent.metrics import Registry
 from client import FerryClient
 from tests.agent_harness import AgentProcess, wait_buffered, write_config
 from tests.reliability.harness import process_group
@@ -121,3 +125,21 @@ def test_a_stop_during_a_back_off_is_not_delayed(tmp_path: Path) -> None:
         assert agent.terminate(timeout=30) == 0
         assert time.monotonic() - started < 20  # not the 600 s back-off
         assert "forwarder process crashed" not in agent.log_tail(5)  # no restart meanwhile
+
+
+class _MergeFails(Registry):
+    def merge(self, child: str, snap: dict[str, Any]) -> None:
+        raise RuntimeError("a bug in merging the forwarder's metrics")
+
+
+def test_a_failing_watch_thread_stops_the_agent(tmp_path: Path) -> None:
+    # Without its watch thread the forwarder would go unsupervised and its metrics stale,
+    # unseen; the agent stops instead (and `ferry run` exits 1, as when it gives up).
+    config = load_config(write_config(tmp_path, "127.0.0.1:9", http=False))
+    agent = Agent(config, registry=_MergeFails())
+    agent.start()
+    try:
+        assert agent.stop_requested.wait(30), "the agent was not asked to stop"
+        assert agent.failure == "watching the forwarder process failed"
+    finally:
+        agent.stop()
