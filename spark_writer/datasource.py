@@ -352,17 +352,48 @@ def _binaries(lengths: Any, data: pa.Buffer | np.ndarray[Any, Any], n: int) -> p
     return pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), buffer])
 
 
-def _interleave(pieces: list[pa.Array]) -> tuple[pa.Buffer, Any]:
-    """Element i of every piece, then element i + 1 of every piece, ...: one ``take`` over
-    the pieces' concatenation. Returns the data and the ``k * n + 1`` offsets of the result
-    (element i of piece p is between offsets[i * k + p] and offsets[i * k + p + 1])."""
+@dataclass(frozen=True)
+class HeaderPieces:
+    """A batch's header entries, ready to be interleaved with the rest of the records."""
+
+    heads: pa.Array  # per entry: its 6-byte head (name length, value length)
+    names: pa.Array  # per entry: the name's UTF-8 bytes
+    values: pa.Array  # per entry: the value
+    counts: Any  # per row: how many entries (int64)
+    row_bytes: Any  # per row: the bytes of its entries (int64)
+
+
+def _interleave(
+    pieces: list[pa.Array], headers: HeaderPieces | None
+) -> tuple[pa.Buffer, int, int]:
+    """Row by row: element i of every piece, then row i's header entries ([head, name,
+    value] each), then row i + 1's: one ``take`` over the concatenation of everything.
+    Returns the data and where in it row 0 starts and the last row ends."""
     k = len(pieces)
     n = len(pieces[0])
-    order = (np.arange(n, dtype=np.int64)[:, None] + np.arange(k, dtype=np.int64) * n).ravel()
-    interleaved = pa.concat_arrays(pieces).take(pa.array(order))
+    rows = np.arange(n, dtype=np.int64)
+    if headers is None:
+        order = (rows[:, None] + np.arange(k, dtype=np.int64) * n).ravel()
+        everything = pieces
+    else:
+        m = len(headers.heads)
+        per_row = k + 3 * headers.counts  # elements of row i in the result
+        row_first = np.cumsum(per_row) - per_row
+        order = np.empty(k * n + 3 * m, dtype=np.int64)
+        for p in range(k):
+            order[row_first + p] = rows + p * n
+        entry_row = np.repeat(rows, headers.counts)
+        row_first_entry = np.cumsum(headers.counts) - headers.counts
+        entry_in_row = np.arange(m, dtype=np.int64) - row_first_entry[entry_row]
+        position = row_first[entry_row] + k + 3 * entry_in_row
+        entries = np.arange(m, dtype=np.int64)
+        for q in range(3):
+            order[position + q] = entries + (k * n + q * m)
+        everything = [*pieces, headers.heads, headers.names, headers.values]
+    interleaved = pa.concat_arrays(everything).take(pa.array(order))
     base = interleaved.offset  # take returns an unsliced array, but be exact
-    offsets = np.frombuffer(interleaved.buffers()[1], dtype=np.int64)[base : base + k * n + 1]
-    return interleaved.buffers()[2], offsets
+    offsets = np.frombuffer(interleaved.buffers()[1], dtype=np.int64)
+    return interleaved.buffers()[2], int(offsets[base]), int(offsets[base + len(order)])
 
 
 def _as_list(column: pa.Array) -> pa.Array:
@@ -373,14 +404,14 @@ def _as_list(column: pa.Array) -> pa.Array:
                                  column.null_count, column.offset, children=[column.values])
 
 
-def encode_headers_arrow(column: pa.Array) -> tuple[pa.Array, Any, Any] | None:
-    """Each row's header entries as the bytes that end its record, vectorized.
+def encode_headers_arrow(column: pa.Array) -> HeaderPieces | None:
+    """A batch's header entries for the bytes that end each record, vectorized.
 
     ``column`` is ``list<struct<key: string, value: binary|string>>`` or a map of those; a
-    null or empty list means no headers. Returns a large_binary array of each row's entries
-    (the spool layout: 2-byte name length, 4-byte value length, name, value, per entry), each
-    row's entry count and each row's header bytes; None when no row has a header. ValueError
-    names the 0-based row, with the messages of ``spool.format.encode_headers``.
+    null or empty list means no headers. Per entry the spool layout wants a head (2-byte
+    name length, 4-byte value length), the name and the value; None when no row has a
+    header. ValueError names the 0-based row, with the messages of
+    ``spool.format.encode_headers``.
     """
     lists = _as_list(column)
     n = len(lists)
@@ -419,14 +450,15 @@ def encode_headers_arrow(column: pa.Array) -> tuple[pa.Array, Any, Any] | None:
         raise ValueError(f"row {row_of(too_long)}: header name of "
                          f"{int(name_lengths[_first_row(too_long)])} bytes is longer than "
                          f"{_MAX_HEADER_NAME_BYTES}")
+    value_lengths = pc.binary_length(values).to_numpy()
     heads = np.empty(m, dtype=_HEADER_DTYPE)
     heads["name_length"] = name_lengths
-    heads["value_length"] = pc.binary_length(values).to_numpy()
-    data, offsets = _interleave([_binaries(HEADER_FIELD.size, heads, m), names, values])
-    # Row r's entries are entries row_ends[r-1]..row_ends[r]: 3 pieces each, back to back.
-    row_offsets = offsets[3 * np.concatenate(([0], row_ends))]
-    blobs = pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(row_offsets), data])
-    return blobs, counts, np.diff(row_offsets)
+    heads["value_length"] = value_lengths
+    entry_bytes = HEADER_FIELD.size + name_lengths.astype(np.int64) + value_lengths
+    # Row r's entries are row_ends[r - 1]..row_ends[r]: its bytes, by the running sum.
+    through = np.concatenate(([0], np.cumsum(entry_bytes)))[row_ends]
+    row_bytes = np.diff(through, prepend=0)
+    return HeaderPieces(_binaries(HEADER_FIELD.size, heads, m), names, values, counts, row_bytes)
 
 
 def encode_arrow(
@@ -513,12 +545,10 @@ def encode_arrow(
             raise ValueError(f"row {row}: key and value of {int(sizes[row])} bytes are more "
                              f"than maxMessageBytes={max_message_bytes}")
     lengths = RECORD_HEADER.size + topic_lengths + key_lengths + value_lengths
-    encoded_headers = encode_headers_arrow(headers) if headers is not None else None
-    if encoded_headers is not None:
-        blobs, counts, blob_lengths = encoded_headers
-        lengths = lengths + blob_lengths
-        record["header_count"] = counts
-        pieces.append(blobs)
+    header_pieces = encode_headers_arrow(headers) if headers is not None else None
+    if header_pieces is not None:
+        lengths = lengths + header_pieces.row_bytes
+        record["header_count"] = header_pieces.counts
     too_big = lengths > MAX_RECORD_BYTES
     if too_big.any():
         row = _first_row(too_big)
@@ -529,11 +559,11 @@ def encode_arrow(
     record["topic_length"] = topic_lengths
     record["value_length"] = value_lengths
     pieces.insert(0, _binaries(RECORD_HEADER.size, record, n))
-    # Row i is pieces[0][i], pieces[1][i], ...: take them in that order from one array.
-    data, offsets = _interleave(pieces)
+    # Row i is pieces[0][i], pieces[1][i], ..., its headers: one take from one array.
+    data, start, end = _interleave(pieces, header_pieces)
     ends = np.cumsum(lengths)
-    assert int(offsets[-1] - offsets[0]) == int(ends[-1]), "interleaving lost bytes"
-    return _blocks(data, int(offsets[0]), ends, block_bytes)
+    assert end - start == int(ends[-1]), "interleaving lost bytes"
+    return _blocks(data, start, ends, block_bytes)
 
 
 def _blocks(
