@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import httpx
 import pytest
 
 from agent.client import FerryClient
-from tests.agent_harness import write_config
+from tests.agent_harness import REPO_ROOT, write_config
 from tests.kafka import Broker
 from tests.reliability.harness import Agent, metric_total, read_values
 from tests.waiting import wait_until
@@ -241,3 +242,24 @@ def test_filled_by_another_file_drains_accepts_again_and_recovers_when_it_is_fre
     _assert_nothing_lost(broker, topic, sender, accepted, acked)
     assert 2 <= len(lines) <= 8, "\n".join(lines)
     assert not [line for line in lines if "removing messages" in line], "\n".join(lines)
+
+
+def test_start_up_without_room_for_the_reserve_fails_with_a_clear_message(
+    tmp_path: Path, disk48: Path
+) -> None:
+    """Fail-fast, not degraded: a buffer without its reserve is the one that can wedge."""
+    filler = disk48 / "other-program.log"  # leaves 4 MiB: less than the reserve
+    subprocess.run(["fallocate", "-l", str(44 * MB), str(filler)], check=True)
+    config = write_config(tmp_path / "agent", "127.0.0.1:1", spool=False,
+                          buffer={"path": disk48 / "buffer", "max_bytes": 1024 * MB,
+                                  "reserve_bytes": 8 * MB})
+    done = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--config", str(config)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert "cannot open the buffer" in done.stderr
+    assert "reserve of 8.0 MiB" in done.stderr and "buffer.reserve_bytes" in done.stderr
+    # Freed: it starts (and then holds its reserve, so a later full disk cannot stop it).
+    filler.unlink()
+    with Agent(config) as agent:
+        assert agent.alive
+        assert (disk48 / "buffer" / "data.mdb").stat().st_size >= 8 * MB
