@@ -179,9 +179,10 @@ def test_a_rerun_that_partitions_rows_differently_loses_nothing_and_says_so(
           f"{view.total('spool_files_diverged'):.0f} diverged files)")
 
 
+@pytest.mark.parametrize("publish", ["driver", "task"])
 def test_a_stream_whose_udf_fails_once_delivers_each_row_once(
     tmp_path: Path, spark: SparkSession, session_broker: Broker, unique_topic: str,
-    small_batches: None,
+    small_batches: None, publish: str,
 ) -> None:
     source = tmp_path / "in"
     source.mkdir()
@@ -206,7 +207,7 @@ def test_a_stream_whose_udf_fails_once_delivers_each_row_once(
             spark.readStream.schema("n long").option("maxFilesPerTrigger", 1)
             .json(str(source)).select(value_of(F.col("n")).alias("value"))
             .writeStream.format("ferry").option("topic", unique_topic)
-            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .option("publish", publish).option("checkpointLocation", str(tmp_path / "checkpoint"))
             .trigger(availableNow=True).start(str(spool))
         )
         query.awaitTermination(120)
