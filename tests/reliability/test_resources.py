@@ -115,9 +115,11 @@ def test_buffer_at_max_bytes_refuses_clearly_and_recovers_as_kafka_drains_it(
         wait_until(lambda: metric_total(agent.counters(), "messages_rejected", source="spool",
                                         reason="buffer_full") > 0,
                    timeout=60, message="spool intake refused for lack of space")
-        assert (spool_dir / "big.ferry").exists(), "the file waits while the buffer is full"
+        # The intake claimed the file (spool/.ingesting/) and waits with it, its progress kept.
+        assert (spool_dir / ".ingesting" / "big.ferry").exists(), (
+            "the file waits while the buffer is full")
         broker.start()
-        wait_until(lambda: not (spool_dir / "big.ferry").exists(), timeout=90,
+        wait_until(lambda: not (spool_dir / ".ingesting" / "big.ferry").exists(), timeout=90,
                    message="spool file ingested once Kafka drains the buffer")
         wait_until(lambda: sum(agent.buffered().values()) == 0, timeout=60, interval=0.2,
                    message="buffer drained")
@@ -311,7 +313,8 @@ def test_file_descriptors_at_the_limit_socket_and_spool_keep_working_then_http_r
                    message="HTTP serving again", ignore=(httpx.HTTPError,))
         r = client.post(f"{agent.http_url}/topics/{unique_topic}", content=b"fd-after")
         assert r.status_code in (201, 202), r.text
-    wait_until(lambda: not (spool_dir / "during.ferry").exists(), timeout=30,
+    wait_until(lambda: not (spool_dir / "during.ferry").exists()
+               and not (spool_dir / ".ingesting" / "during.ferry").exists(), timeout=30,
                message="the spool file ingested once descriptors are free")
     expected = set(values) | set(spool_values) | {b"fd-after"}
     wait_until(lambda: expected <= {m.value for m in read_topic(session_broker.bootstrap,
