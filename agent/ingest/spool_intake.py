@@ -110,6 +110,7 @@ class SpoolIntake:
         self._unrecognized: set[Path] = set()  # as of the last scan
         self._observer: Any = None
         self._thread = threading.Thread(target=self._run, name="spool-intake", daemon=True)
+        self._pause = _Pause()
         # Binary files' batches commit on this thread while the intake thread encodes the
         # next one (the fsync releases the GIL).
         self._committing = ThreadPoolExecutor(1, thread_name_prefix="spool-commit")
@@ -429,14 +430,11 @@ class SpoolIntake:
             registry.inc("messages_rejected", sum(len(r[1]) for r in runs),
                          source=Source.SPOOL, reason="invalid")
             raise _Unstorable(str(exc)) from None
-        except BufferFull as exc:
+        except (BufferFull, BufferUnavailable) as exc:
+            # buffer_full, disk_full (the filesystem's reserve), or the disk's own error.
+            reason = getattr(exc, "reason", "buffer_full")
             registry.inc("messages_rejected", sum(len(r[1]) for r in runs),
-                         source=Source.SPOOL, reason="buffer_full")
-            return exc
-        except BufferUnavailable as exc:
-            registry.inc("messages_rejected", sum(len(r[1]) for r in runs),
-                         source=Source.SPOOL, reason=exc.reason)
-            log.warning("buffer refused a spool batch: %s", exc)
+                         source=Source.SPOOL, reason=reason)
             return exc
         registry.inc("buffer_commits", writer=Source.SPOOL)
         registry.observe("buffer_commit_seconds", time.perf_counter() - started,
@@ -460,9 +458,12 @@ class SpoolIntake:
     def _commit_bulk(self, runs: list[_Run], puts: dict[bytes, bytes]) -> bool:
         """Commit one batch with its progress; waits while the buffer is full."""
         while not self._stop.is_set():
-            if self._store_runs(runs, puts) is None:
+            refused = self._store_runs(runs, puts)
+            if refused is None:
+                self._pause.ended()
                 return True
             # Intake pauses; the file waits on disk, its progress intact.
+            self._pause.refused(refused)
             self._stop.wait(0.5)
         return False
 
@@ -483,11 +484,13 @@ class SpoolIntake:
         while not self._stop.is_set():
             result = self.committer.commit(batch, Source.SPOOL, state_puts=puts)
             if isinstance(result, list):
+                self._pause.ended()
                 return True
             if isinstance(result, InvalidGroup):
                 raise _Unstorable(str(result))  # counted (reason invalid) by the committer
             if isinstance(result, BufferFull | BufferUnavailable):
                 # Intake pauses; the file waits on disk, its progress intact.
+                self._pause.refused(result)
                 self._stop.wait(0.5)
                 continue
         return False
@@ -587,6 +590,30 @@ class SpoolIntake:
 _Run = tuple[str, list[bytes], int]
 # Bytes counted per message on top of its value when capping a batch (as _batches does).
 _WEIGHT = 64
+
+
+class _Pause:
+    """Logs a pause of the intake for room in the buffer once when it starts and once when it
+    ends, with what happened in between (a long outage would otherwise log a line every
+    half second)."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.attempts = 0
+
+    def refused(self, why: BaseException) -> None:
+        self.attempts += 1
+        if self.since is None:
+            self.since = time.monotonic()
+            log.warning("spool intake paused: the buffer refused a batch (%s: %s); the file "
+                        "waits on disk with its progress, and is retried every 0.5 s",
+                        getattr(why, "reason", "buffer_full"), why)
+
+    def ended(self) -> None:
+        if self.since is not None:
+            log.info("spool intake resumed after %.0f s and %d refused attempts",
+                     time.monotonic() - self.since, self.attempts)
+            self.since, self.attempts = None, 0
 
 
 class _Progress:

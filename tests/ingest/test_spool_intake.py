@@ -218,14 +218,16 @@ MB = 1024 * 1024
 @contextmanager
 def intake_only(root: Path, max_bytes: int = 256 * MB,
                 after_ingest: Literal["delete", "move"] = "delete",
-                buffer_path: Path | None = None) -> Iterator[SpoolIntake]:
+                buffer_path: Path | None = None,
+                reserve_bytes: int = 32 * MB) -> Iterator[SpoolIntake]:
     """A SpoolIntake on a real buffer and committer, its scans driven by the test."""
     config = FerryConfig(buffer=BufferConfig(path=buffer_path or root / "buffer",
-                                             max_bytes=max_bytes),
+                                             max_bytes=max_bytes, reserve_bytes=reserve_bytes),
                          spool=SpoolConfig(dirs=[root / "spool"], after_ingest=after_ingest))
     (root / "spool").mkdir()
     registry = Registry()
-    store = Store(config.buffer.path, config.buffer.max_bytes, track=False)
+    store = Store(config.buffer.path, config.buffer.max_bytes, track=False,
+                  reserve_bytes=config.buffer.reserve_bytes)
     committer = Committer(store, registry=registry)
     committer.start()
     intake = SpoolIntake(Runtime(config, store, committer, registry))
@@ -455,7 +457,7 @@ def test_a_quarantined_file_has_its_reason_written_beside_it(tmp_path: Path) -> 
 
 
 def test_a_full_disk_pauses_the_intake_mid_file_and_it_resumes_when_space_returns(
-    tmp_path: Path, small_disk: Path
+    tmp_path: Path, small_disk: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """ENOSPC from LMDB (a real 12 MiB tmpfs) is a pause, like a full buffer: the file waits
     with its progress, nothing is lost or buffered twice, no restart is needed."""
@@ -463,10 +465,15 @@ def test_a_full_disk_pauses_the_intake_mid_file_and_it_resumes_when_space_return
     records = [SpoolRecord("t", b"%05d" % i + b"x" * 1000) for i in range(n)]
     # max_bytes 8 MiB (room for the whole file): 1 MiB batches, so some commit before the
     # disk fills.
-    with intake_only(tmp_path, max_bytes=8 * MB, buffer_path=small_disk / "buffer") as intake:
+    caplog.set_level("INFO", logger="agent.ingest.spool_intake")
+    # A 2 MiB reserve: the default 32 MiB would not fit on this 12 MiB filesystem at all.
+    with intake_only(tmp_path, max_bytes=8 * MB, buffer_path=small_disk / "buffer",
+                     reserve_bytes=2 * MB) as intake:
         filler = small_disk / "filler"
         free = os.statvfs(small_disk)
-        filler.write_bytes(b"\0" * (free.f_bavail * free.f_frsize - 2 * MB))
+        # 6 MiB left: the 2 MiB reserve, and room for a batch or two (the buffer counts a
+        # batch at twice its size, for half-full pages), not for the whole 4 MB file.
+        filler.write_bytes(b"\0" * (free.f_bavail * free.f_frsize - 6 * MB))
         path = place(intake, "big.ferry", records, block_bytes=64 * 1024)
         scan = threading.Thread(target=intake.scan_once, daemon=True)
         scan.start()
@@ -477,9 +484,17 @@ def test_a_full_disk_pauses_the_intake_mid_file_and_it_resumes_when_space_return
         assert scan.is_alive() and claimed(intake.dirs[0], "big.ferry").exists()
         partial = len(buffered(intake.store, "t"))
         assert 0 < partial < n
+        refusals = intake.registry.view().total("messages_rejected", source="spool")
+        wait_until(lambda: intake.registry.view().total("messages_rejected", source="spool")
+                   > refusals, timeout=30, message="the batch refused again")
         filler.unlink()
         scan.join(60)
         assert not scan.is_alive(), "the intake did not resume once space returned"
+        # One line when the pause began and one when it ended, however many refusals.
+        lines = [r.getMessage() for r in caplog.records
+                 if r.name == "agent.ingest.spool_intake"]
+        assert sum("spool intake paused" in m for m in lines) == 1, lines
+        assert sum("spool intake resumed" in m for m in lines) == 1, lines
         assert not path.exists() and not claimed(intake.dirs[0], "big.ferry").exists()
         got = buffered(intake.store, "t")
         assert [m.record.value for m in got] == [r.value for r in records]  # once, in order
