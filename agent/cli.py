@@ -166,7 +166,8 @@ def _buffer(args: argparse.Namespace) -> int:
     if not (config.buffer.path / "data.mdb").exists():
         print(f"ferry buffer: no buffer at {config.buffer.path}", file=sys.stderr)
         return 1
-    with Store(config.buffer.path, config.buffer.max_bytes) as store:
+    with Store(config.buffer.path, config.buffer.max_bytes,
+               reserve_bytes=config.buffer.reserve_bytes) as store:
         if args.buffer_command == "topics":
             now = time.time() * 1000
             print(f"{'topic':40} {'messages':>10} {'bytes':>12} {'oldest':>10}")
@@ -232,7 +233,8 @@ def _replay(args: argparse.Namespace) -> int:
         print(f"ferry replay: {exc}; nothing was put back", file=sys.stderr)
         return 1
     try:
-        with Store(config.buffer.path, config.buffer.max_bytes) as store:
+        with Store(config.buffer.path, config.buffer.max_bytes,
+                   reserve_bytes=config.buffer.reserve_bytes) as store:
             batch: list[Record] = []
             for _, record in read_discards(args.file):
                 batch.append(record)
