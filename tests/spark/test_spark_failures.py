@@ -19,7 +19,7 @@ import os
 import re
 import shutil
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -77,9 +77,16 @@ def small_batches(spark: SparkSession) -> Iterator[None]:
     spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
 
 
-def failing_once(rows: int, fail_at: int, marker: Path) -> DataFrame:
+def writing(spool_dir: Path, partition: int) -> Callable[[], bool]:
+    """Whether the writer of ``partition`` has started its temporary file."""
+    pattern = f".spark-*-{partition:05d}.ferry.*.tmp"
+    return lambda: any(spool_dir.glob(pattern))
+
+
+def failing_once(rows: int, fail_at: int, marker: Path, spool_dir: Path) -> DataFrame:
     """``rows`` rows in 2 partitions; a pandas UDF upstream of the writer raises on the first
-    attempt of the task that holds row ``fail_at``, when it reaches it."""
+    attempt of the task that holds row ``fail_at``, when it reaches it and the writer has
+    written part of the partition (the writer's worker starts later than the UDF's)."""
     from pyspark.sql import SparkSession
 
     spark = SparkSession.getActiveSession()
@@ -90,6 +97,8 @@ def failing_once(rows: int, fail_at: int, marker: Path) -> DataFrame:
         ctx = TaskContext.get()
         assert ctx is not None
         if ctx.attemptNumber() == 0 and (ids == fail_at).any():
+            wait_until(writing(spool_dir, ctx.partitionId()), timeout=60,
+                       message="the writer writing")
             marker.write_text(str(ctx.partitionId()))
             raise RuntimeError("injected failure on the first attempt")
         return ids.map(value)
@@ -128,7 +137,7 @@ def test_driver_mode_publishes_only_the_successful_attempts(
     marker = tmp_path / "failed"
     (tmp_path / "attempt0").mkdir()
     spark.dataSource.register(KeepFirstAttemptSource)
-    failing_once(rows, fail_at, marker).write.format("ferry_keep_first_attempt").option(
+    failing_once(rows, fail_at, marker, spool_dir).write.format("ferry_keep_first_attempt").option(
         "topic", "t"
     ).mode("append").save(str(spool_dir))
     assert marker.read_text() == "1"  # the failure did happen
@@ -149,7 +158,7 @@ def test_task_mode_retry_republishes_the_whole_partition_starting_with_the_same_
     marker = tmp_path / "failed"
     (tmp_path / "attempt0").mkdir()
     spark.dataSource.register(KeepFirstAttemptSource)
-    failing_once(rows, fail_at, marker).write.format("ferry_keep_first_attempt").option(
+    failing_once(rows, fail_at, marker, spool_dir).write.format("ferry_keep_first_attempt").option(
         "topic", "t"
     ).option("publish", "task").mode("append").save(str(spool_dir))
     assert marker.read_text() == "1"
@@ -182,15 +191,12 @@ def killed_by_another_task(rows: int, spool_dir: Path, started: Path | None) -> 
     assert spark is not None
     half = rows // 2
 
-    def writing() -> bool:
-        return any(n.startswith(".spark-killed-00001.ferry.") for n in os.listdir(spool_dir))
-
     @pandas_udf("binary")  # type: ignore[call-overload]
     def value_of(ids: pd.Series) -> pd.Series:
         ctx = TaskContext.get()
         assert ctx is not None
         if started is not None and ctx.partitionId() == 1 and (ids == half + half // 2).any():
-            wait_until(writing, timeout=60, message="partition 1 writing its file")
+            wait_until(writing(spool_dir, 1), timeout=60, message="partition 1 writing")
             started.touch()
             wait_until((spool_dir / ".spark-killed-aborted").exists, timeout=60,
                        message="the job aborted")
@@ -281,6 +287,7 @@ def test_stream_a_micro_batch_failing_once_puts_each_row_in_the_spool_once(
         ctx = TaskContext.get()
         assert ctx is not None
         if ctx.attemptNumber() == 0 and (ids == fail_at).any():
+            wait_until(writing(spool_dir, 0), timeout=60, message="the writer writing")
             marker.touch()
             raise RuntimeError("injected failure on the first attempt")
         return ids.map(value)
