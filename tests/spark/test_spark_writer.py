@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.functions import col, udf
 
 from spark_writer import FerryBatchWriter, FerryCommitMessage, FerryDataSource
-from spark_writer.datasource import encode_arrow
+from spark_writer.datasource import DEFAULT_MAX_MESSAGE_BYTES, encode_arrow
 from spool import SpoolRecord, list_ready_files, open_spool_file, verify
 from spool.format import Headers, encode_columns
 
@@ -345,9 +345,6 @@ BAD_ROWS = [
      "partition_key 4294967296 is outside the signed 32-bit range"),
     ("null header value", "'t' AS topic", "'v' AS value",
      "map('h', if(id = 3, null, X'01')) AS headers", "header 'h' has a null value"),
-    ("over maxMessageBytes with the key", "'t' AS topic", "repeat('x', 999999) AS value",
-     "if(id = 3, 'kk', null) AS key",
-     "key and value of 1000001 bytes are more than maxMessageBytes=1000000"),
 ]
 ABORTED = re.compile(r"\.spark-[0-9a-f]{32}-aborted")
 
@@ -380,8 +377,21 @@ def test_max_message_bytes_option_sets_the_limit(spark: SparkSession, spool_dir:
             str(spool_dir)
         )
     assert list_ready_files(spool_dir) == []
+    assert all(ABORTED.fullmatch(name) for name in os.listdir(spool_dir))
     df.write.format("ferry").option("maxMessageBytes", "15").mode("append").save(str(spool_dir))
     assert len(read_all(spool_dir)) == 10
+
+
+def test_max_message_bytes_defaults_to_the_agents_default() -> None:
+    """1000000, the agent's default [topics] max_message_bytes (agent.config, not imported by
+    spark_writer: executors have no agent)."""
+    from agent.config import TopicConfig
+
+    assert TopicConfig().max_message_bytes == DEFAULT_MAX_MESSAGE_BYTES
+    values = pa.array([b"x" * 999_999, b"x" * 1_000_000])
+    with pytest.raises(ValueError, match="row 1: key and value of 1000001 bytes"):
+        list(encode_arrow("t", values, pa.array([b"k", b"k"]),
+                          max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES))
 
 
 def test_a_task_failing_mid_write_is_retried_without_duplicates(
