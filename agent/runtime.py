@@ -46,5 +46,5 @@ class Runtime:
         if self._phase is not Phase.RUNNING:
             return False, self._phase.value
         if self.committer.full:
-            return False, "buffer_full"
+            return False, self.committer.full_reason
         return True, "ready"

@@ -117,6 +117,7 @@ class Committer:
         self._used_at_refusal = 0
         self._refused_at = 0.0
         self._full_by_size = False  # refused for max_bytes (BufferFull), not by the disk
+        self._full_reason = "buffer_full"  # why, while full: buffer_full, disk_full, disk_error
         self._refusing = _Refusing()  # the current refusal episode, for the log
         self._thread = threading.Thread(target=self._run, name=f"committer-{name}", daemon=True)
 
@@ -139,6 +140,12 @@ class Committer:
             self._full = False
             self.registry.set("buffer_full", 0.0)
         return self._full
+
+    @property
+    def full_reason(self) -> str:
+        """Why the last refusal happened (meaningful while ``full``): ``buffer_full`` (the
+        buffer's max_bytes), ``disk_full`` (the filesystem's reserve) or ``disk_error``."""
+        return self._full_reason
 
     def submit(
         self,
@@ -304,12 +311,17 @@ class Committer:
             reasons = {r.reason for r in results if isinstance(r, BufferFull)}
             full = bool(reasons & _SPACE_REASONS)
             by_size = "buffer_full" in reasons
+            if full:
+                # The disk's reasons first: they are what an operator has to act on.
+                self._full_reason = min(reasons & _SPACE_REASONS,
+                                        key=("disk_full", "disk_error", "buffer_full").index)
         except (BufferFull, BufferUnavailable) as exc:
             # The transaction was aborted: nothing of it is on disk. (Logged once per
             # episode by _account, not per commit.)
             results = [exc] * len(taken)
             full = True
             by_size = exc.reason == "buffer_full"
+            self._full_reason = exc.reason if exc.reason in _SPACE_REASONS else "disk_error"
         except Exception as exc:  # noqa: BLE001 - never let the writer thread die silently
             log.exception("buffer commit failed")
             results = [BufferUnavailable("disk_error", f"commit failed: {exc}")] * len(taken)

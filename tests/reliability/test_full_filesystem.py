@@ -124,6 +124,9 @@ def _refused_over_http(client: httpx.Client, agent: Agent, topic: str, acked: se
     assert int(r.headers["Retry-After"]) >= 1
     ready = client.get(f"{agent.http_url}/status/ready")
     assert ready.status_code == 503, ready.text
+    # Why, as an operator needs it: the filesystem, not the buffer's own max_bytes.
+    assert ready.json()["reason"] == "disk_full", ready.text
+    assert "filesystem" in ready.json()["message"]
     assert _health(client, agent)["status"] == "critical"
 
 

@@ -113,6 +113,10 @@ _NOT_READY = {
     "starting": "Ferry is starting",
     "stopping": "Ferry is shutting down",
     "buffer_full": "Ferry's buffer is full; new messages are refused until it drains",
+    "disk_full": "the filesystem of Ferry's buffer is full; new messages are refused until "
+                 "the buffer drains or the disk frees up",
+    "disk_error": "the disk of Ferry's buffer refused a write; new messages are refused "
+                  "until a write succeeds",
 }
 
 
