@@ -114,7 +114,7 @@ def _run(args: argparse.Namespace) -> int:
 # -- send ----------------------------------------------------------------------------------
 def _send(args: argparse.Namespace) -> int:
     # The application client (stdlib only): what `ferry send` does, any program can do.
-    from client import FerryClient, is_legal_topic
+    from ferry_client import FerryClient, is_legal_topic
 
     if not is_legal_topic(args.topic):
         print(f"ferry send: {args.topic!r} is not a legal Kafka topic name "

@@ -1,10 +1,11 @@
-"""Moved: the client is the stdlib-only package ``client`` (``from client import FerryClient``).
+"""Moved: the client is the stdlib-only package ``ferry_client``.
 
-Kept only so that code written against the old path keeps working; new code imports from
-``client``, which applications can install without the agent (README, "Sending messages").
+Kept only so that code written against the old path (``from agent.client import FerryClient``)
+keeps working; new code imports from ``ferry_client``, which applications can install without
+the agent (README, "Sending messages").
 """
 
-from client.datagram import (
+from ferry_client.datagram import (
     DEFAULT_SOCKET_PATH,
     FerryClient,
     FerryClientError,

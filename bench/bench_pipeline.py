@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from agent.config import load_config  # noqa: E402
 from agent.daemon import Agent  # noqa: E402
 from agent.metrics import Registry  # noqa: E402
-from client import FerryClient  # noqa: E402
-from client.wire import encode_any_partition  # noqa: E402
+from ferry_client import FerryClient  # noqa: E402
+from ferry_client.wire import encode_any_partition  # noqa: E402
 from tests.agent_harness import write_config  # noqa: E402
 from tests.kafka import Broker, create_topic  # noqa: E402
 from tests.waiting import wait_until  # noqa: E402

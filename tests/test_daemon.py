@@ -14,7 +14,7 @@ from typing import Any
 from agent.config import load_config
 from agent.daemon import Agent
 from agent.metrics import Registry
-from client import FerryClient
+from ferry_client import FerryClient
 from tests.agent_harness import AgentProcess, wait_buffered, write_config
 from tests.reliability.harness import process_group
 from tests.waiting import wait_until

@@ -7,7 +7,7 @@ import socket
 import struct
 from pathlib import Path
 
-from client import FerryClient, wire
+from ferry_client import FerryClient, wire
 from tests.agent_harness import (
     AgentProcess,
     now_ms,

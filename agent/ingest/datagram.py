@@ -1,6 +1,6 @@
 """Bruce's UNIX-datagram wire format, the decoding side: parse one datagram (into a Record or
-straight into a buffer value). The encoder is the client's (``client/wire.py``), whose
-constants this module shares; tests/client/test_wire.py checks each against the other.
+straight into a buffer value). The encoder is the client's (``ferry_client/wire.py``), whose
+constants this module shares; tests/ferry_client/test_wire.py checks each against the other.
 
 Every datagram is one message, all integers big-endian (Kafka protocol notation)::
 
@@ -28,7 +28,7 @@ from struct import Struct
 from agent.buffer.codec import encode_value
 from agent.config import is_valid_topic
 from agent.records import Record
-from client.wire import ANY_PARTITION, API_VERSION, PARTITION_KEY
+from ferry_client.wire import ANY_PARTITION, API_VERSION, PARTITION_KEY
 
 __all__ = [
     "ANY_PARTITION",

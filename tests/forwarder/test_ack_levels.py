@@ -14,7 +14,7 @@ from confluent_kafka import Producer
 
 from agent.config import ForwarderConfig, KafkaClusterConfig
 from agent.forwarder.clusters import producer_config
-from client import FerryClient
+from ferry_client import FerryClient
 from tests.agent_harness import running_agent
 from tests.kafka import Broker, TcpProxy, consume_all
 from tests.waiting import wait_until

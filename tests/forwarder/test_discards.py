@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 from agent.buffer.store import Store, StoredMessage
-from agent.client import FerryClient
 from agent.config import load_config
 from agent.daemon import Agent
 from agent.metrics import Registry
+from ferry_client import FerryClient
 from tests.agent_harness import REPO_ROOT, write_config
 from tests.kafka import Broker, consume_all, read_topic
 from tests.waiting import wait_until

@@ -11,7 +11,7 @@ import pytest
 from agent.config import load_config
 from agent.daemon import Agent
 from agent.metrics import Registry
-from client import FerryClient
+from ferry_client import FerryClient
 from tests.agent_harness import write_config
 from tests.kafka import Broker, TcpProxy, consume_all, create_topic, read_topic
 from tests.waiting import wait_until

@@ -20,7 +20,7 @@ from agent.ingest.datagram import (
     parse_encoded,
 )
 from agent.records import Record
-from client.wire import encode_any_partition, encode_partition_key
+from ferry_client.wire import encode_any_partition, encode_partition_key
 
 LIMIT = 1_000_000
 

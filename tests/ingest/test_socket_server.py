@@ -18,7 +18,7 @@ from agent.ingest.http.topics import TopicCatalog
 from agent.ingest.socket_server import SocketServer
 from agent.metrics import Registry
 from agent.records import Record
-from client.wire import encode_any_partition, encode_partition_key
+from ferry_client.wire import encode_any_partition, encode_partition_key
 from tests.waiting import wait_until
 
 MB = 1024 * 1024

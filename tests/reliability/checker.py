@@ -54,7 +54,7 @@ from pathlib import Path
 import httpx
 
 from agent.buffer.store import Store
-from client import FerryClient
+from ferry_client import FerryClient
 from spool.format import SpoolRecord
 from spool.writer import unique_file_name, write_spool_file
 from tests.agent_harness import write_config

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.client import FerryClient
+from ferry_client import FerryClient
 from tests.agent_harness import REPO_ROOT, write_config
 from tests.kafka import Broker
 from tests.reliability.harness import Agent, metric_total, read_values

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 from agent.config import load_config
 from agent.ingest import datagram
-from client import FerryClient, wire
+from ferry_client import FerryClient, wire
 from spool.format import (
     BLOCK_HEADER,
     FILE_HEADER,

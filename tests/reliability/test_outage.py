@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from client import FerryClient
+from ferry_client import FerryClient
 from tests.agent_harness import write_config
 from tests.kafka import Broker, ConsumedMessage, TcpProxy, create_topic, read_topic
 from tests.reliability.harness import Agent, metric_total

@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from agent.buffer.store import BufferFull, BufferUnavailable, Outcome, Store, StoredMessage
-from agent.client import FerryClient
 from agent.records import Record
+from ferry_client import FerryClient
 from spool.format import SpoolRecord
 from spool.writer import write_spool_file
 from tests.agent_harness import write_config

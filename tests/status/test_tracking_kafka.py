@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.buffer.store import Store, StoredMessage
-from client import FerryClient
+from ferry_client import FerryClient
 from status import cli
 from status.schema import validator
 from tests.agent_harness import AgentProcess, wait_buffered, write_config

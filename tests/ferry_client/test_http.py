@@ -1,4 +1,4 @@
-"""client/http.py: publishing over HTTP to a real running agent, and the retry rules."""
+"""ferry_client/http.py: publishing over HTTP to a real running agent, and the retry rules."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent.daemon import Agent
-from client import FerryHttp, PublishFailed, PublishRejected, publish
+from ferry_client import FerryHttp, PublishFailed, PublishRejected, publish
 from tests.agent_harness import running_agent
 from tests.kafka import Broker, consume_all, create_topic, free_port
 

@@ -2,7 +2,7 @@
 
 ::
 
-    from client import FerryHttp
+    from ferry_client import FerryHttp
 
     with FerryHttp("http://127.0.0.1:9090") as ferry:
         answer = ferry.publish("orders", b'{"id": 1}', content_type="application/json")
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from urllib.parse import urlsplit
 
-from client.wire import is_legal_topic
+from ferry_client.wire import is_legal_topic
 
 __all__ = ["FerryHttp", "PublishError", "PublishFailed", "PublishRejected", "Published",
            "publish"]

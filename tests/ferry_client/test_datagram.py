@@ -1,4 +1,4 @@
-"""client/datagram.py: the application-side client against a real bound AF_UNIX socket."""
+"""ferry_client/datagram.py: the application-side client against a real bound AF_UNIX socket."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-import client.datagram
+import ferry_client.datagram
 from agent.config import SocketConfig
 from agent.ingest.datagram import parse
 from agent.records import Record
-from client import (
+from ferry_client import (
     DEFAULT_SOCKET_PATH,
     FerryClient,
     FerryClientError,
@@ -63,8 +63,8 @@ def test_any_partition_and_partition_key_messages_arrive(server: socket.socket) 
 
 
 def test_module_level_send(server: socket.socket) -> None:
-    client.datagram.send("t", b"v", key=b"k", socket_path=server.getsockname())
-    client.datagram.send("t", b"w", partition_key=3, socket_path=Path(server.getsockname()))
+    ferry_client.datagram.send("t", b"v", key=b"k", socket_path=server.getsockname())
+    ferry_client.datagram.send("t", b"w", partition_key=3, socket_path=Path(server.getsockname()))
     first, second = receive(server), receive(server)
     assert (first.topic, first.value, first.key, first.partition_key) == ("t", b"v", b"k", None)
     assert (second.value, second.key, second.partition_key) == (b"w", None, 3)
@@ -84,7 +84,7 @@ def test_missing_socket_raises_a_clear_error(socket_dir: Path) -> None:
     assert info.value.errno == errno.ENOENT
     assert str(missing) in str(info.value)
     with pytest.raises(FerryUnavailable, match="does not exist"):
-        client.datagram.send("t", b"v", socket_path=missing)
+        ferry_client.datagram.send("t", b"v", socket_path=missing)
 
 
 def test_socket_nobody_listens_on_raises_a_clear_error(socket_dir: Path) -> None:

@@ -1,4 +1,4 @@
-"""client/wire.py: the encoder against the byte layout of Bruce's document and against the
+"""ferry_client/wire.py: the encoder against the byte layout of Bruce's document and against the
 agent's decoder (agent/ingest/datagram.py), in both directions.
 
 The layout (seed documents 000 and 001, "Message Formats"; integers in the Kafka protocol's
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from agent.config import is_valid_topic
 from agent.ingest import datagram as decoder
 from agent.records import Record
-from client import wire
+from ferry_client import wire
 
 LIMIT = 10_000_000
 

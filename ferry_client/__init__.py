@@ -6,10 +6,10 @@
   retries made safe by ``Idempotency-Key``.
 
 Nothing here imports the agent or any third-party package (a test checks it), so
-``pip install ./client`` is all an application needs; README "Sending messages" shows how.
+``pip install ./ferry_client`` is all an application needs; README "Sending messages" shows how.
 """
 
-from client.datagram import (
+from ferry_client.datagram import (
     DEFAULT_SOCKET_PATH,
     FerryClient,
     FerryClientError,
@@ -18,7 +18,7 @@ from client.datagram import (
     QueueFull,
     send,
 )
-from client.http import (
+from ferry_client.http import (
     FerryHttp,
     Published,
     PublishError,
@@ -26,7 +26,7 @@ from client.http import (
     PublishRejected,
     publish,
 )
-from client.wire import (
+from ferry_client.wire import (
     ANY_PARTITION,
     API_VERSION,
     PARTITION_KEY,

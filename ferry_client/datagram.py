@@ -2,7 +2,7 @@
 
 ::
 
-    from client import FerryClient
+    from ferry_client import FerryClient
 
     with FerryClient("/run/ferry/ferry.sock") as ferry:
         ferry.send("clicks", b'{"user": 42}')                           # AnyPartition
@@ -29,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
-from client.wire import encode_any_partition, encode_partition_key
+from ferry_client.wire import encode_any_partition, encode_partition_key
 
 __all__ = [
     "DEFAULT_SOCKET_PATH",
@@ -163,7 +163,7 @@ class FerryClient:
         self.send_datagram(datagram)
 
     def send_datagram(self, datagram: bytes) -> None:
-        """Send one already-encoded datagram (see :mod:`client.wire`)."""
+        """Send one already-encoded datagram (see :mod:`ferry_client.wire`)."""
         sock = self._sock
         try:
             self._send(sock, datagram)

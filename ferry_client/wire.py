@@ -47,7 +47,7 @@ _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 # Kafka's rule for topic names (kafka.common.internals.Topic); agent.config.is_valid_topic is
-# the same rule, and tests/client/test_wire.py keeps the two equal. \Z, not $: "$" would also
+# the same rule, and tests/ferry_client/test_wire.py keeps the two equal. \Z, not $: "$" would also
 # match before a final newline, which Kafka refuses.
 _TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}\Z")
 

@@ -16,11 +16,11 @@ from agent.config import load_config
 from tests.agent_harness import REPO_ROOT, AgentProcess, write_config
 from tests.kafka import Broker, consume_all, create_topic
 
-# An interpreter that reports which modules `import client` adds to what it had at start.
+# An interpreter that reports which modules `import ferry_client` adds to what it had at start.
 _NEW_MODULES = """
 import json, sys
 before = set(sys.modules)
-import client
+import ferry_client
 print(json.dumps(sorted(set(sys.modules) - before)))
 """
 
@@ -36,20 +36,20 @@ def test_importing_the_client_loads_only_the_standard_library() -> None:
     out = subprocess.run([sys.executable, "-S", "-E", "-c", _NEW_MODULES], cwd=REPO_ROOT,
                          capture_output=True, text=True, check=True, timeout=60).stdout
     added = json.loads(out)
-    assert "client" in added
+    assert "ferry_client" in added
     tops = {name.split(".")[0] for name in added}
-    outside = sorted(t for t in tops - {"client"} if t not in sys.stdlib_module_names)
-    assert outside == [], f"import client loaded non-stdlib modules: {outside}"
+    outside = sorted(t for t in tops - {"ferry_client"} if t not in sys.stdlib_module_names)
+    assert outside == [], f"import ferry_client loaded non-stdlib modules: {outside}"
     assert not [name for name in added if name == "agent" or name.startswith("agent.")]
 
 
 def test_client_installed_alone_sends_to_a_running_agent(
     tmp_path: Path, session_broker: Broker, unique_topic: str
 ) -> None:
-    # Build the client's wheel from its own pyproject.toml (client/pyproject.toml), in a
+    # Build the client's wheel from its own pyproject.toml (ferry_client/pyproject.toml), in a
     # copy so that no build output lands in the checkout, offline.
     source = tmp_path / "client-src"
-    shutil.copytree(REPO_ROOT / "client", source,
+    shutil.copytree(REPO_ROOT / "ferry_client", source,
                     ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-index",
@@ -74,7 +74,7 @@ def test_client_installed_alone_sends_to_a_running_agent(
     script.write_text(textwrap.dedent(f"""
         import importlib.util, sys
         assert importlib.util.find_spec("agent") is None, "the agent must not be importable"
-        from client import FerryClient, FerryHttp
+        from ferry_client import FerryClient, FerryHttp
         with FerryClient({str(load_config(config).socket.path)!r}, timeout=10) as ferry:
             ferry.send({unique_topic!r}, b"over the socket", key=b"k")
         with FerryHttp(sys.argv[1]) as ferry:
