@@ -16,6 +16,7 @@ given final names (attempts that lost, or a job that failed).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import secrets
@@ -31,11 +32,13 @@ from spool.format import (
     EXTENSION,
     MAX_BLOCK_BYTES,
     TEMP_SUFFIX,
+    SpoolFormatError,
     SpoolRecord,
     encode_file_header,
     encode_record,
     encode_trailer,
 )
+from spool.reader import BinarySpoolReader
 
 _BUFFER = 1 << 20
 FILE_MODE = 0o640
@@ -86,7 +89,9 @@ class SpoolWriter:
 
     ``replace=False`` (default) refuses to overwrite an existing file of that name, because
     an overwritten file the agent has not ingested yet is lost. Writers that re-write the same
-    content under a fixed name on a retry (the Spark writer) pass ``replace=True``.
+    content under a fixed name on a retry (the Spark writer) pass ``replace=True``: the file
+    then supersedes one that holds a prefix of its records, and goes under another name
+    beside one that holds other records (``publish_superseding``); ``path`` says where.
     """
 
     def __init__(
@@ -174,7 +179,7 @@ class SpoolWriter:
             if not publish:
                 os.rename(self.temp_path, self.staged_path)
             elif self.replace:
-                os.replace(self.temp_path, self.path)
+                self.path = publish_superseding(self.temp_path, self.path)
             else:
                 self._publish_exclusive()
             self._done = True
@@ -249,11 +254,68 @@ def publish_staged(
     directory, replacing a file of that name (a re-published partition); fsync the directory
     unless ``sync=False`` (a caller publishing many files fsyncs each directory once)."""
     staged = Path(staged)
-    final = staged.parent / check_file_name(final_name)
-    os.replace(staged, final)
+    final = publish_superseding(staged, staged.parent / check_file_name(final_name))
     if sync:
         fsync_dir(staged.parent)
     return final
+
+
+def publish_superseding(finished: Path, final: Path) -> Path:
+    """Move the finished file ``finished`` to ``final`` without ever replacing a file there
+    that holds records it does not hold; returns where its records now are.
+
+    A file waiting under ``final`` has not been claimed by the agent yet (the agent renames a
+    file away before reading it), so replacing it blindly could lose it: a task killed in a
+    failed job can finish its cut-short file after the rerun published the whole partition,
+    and a rerun that partitions rows differently writes other rows under the same names. So:
+    the name is free: take it (a hard link, which fails rather than replace); the file there
+    is a byte prefix of ours (or the same): replace it; ours is a prefix of it: ours adds
+    nothing and is dropped; anything else: ours goes under a new name (``NAME.1.ferry``, ...)
+    and both are ingested whole. Only two writers publishing the same name at the same moment
+    (speculative attempts in one directory) can still race past this check.
+    """
+    target = final
+    for attempt in itertools.count(1):
+        try:
+            os.link(finished, target)
+        except FileExistsError:
+            pass
+        except OSError:  # a file system without hard links: check, then rename
+            if not target.exists():
+                os.rename(finished, target)
+                return target
+        else:
+            os.unlink(finished)
+            return target
+        try:
+            relation = _relation(finished, target)
+        except FileNotFoundError:
+            continue  # the agent claimed it meanwhile: the name is free again
+        if relation == "extends":
+            os.replace(finished, target)
+            return target
+        if relation == "within":
+            os.unlink(finished)
+            return target
+        target = final.with_name(f"{final.name[: -len(EXTENSION)]}.{attempt}{EXTENSION}")
+    raise AssertionError("unreachable")
+
+
+def _relation(ours: Path, theirs: Path) -> str:
+    """"extends" if ``theirs`` holds a byte prefix of ``ours``'s records (or the same),
+    "within" if ``ours`` holds a prefix of ``theirs``'s, else "different" (also when
+    ``theirs`` is not a complete spool file)."""
+    try:
+        their = BinarySpoolReader(theirs).fingerprint()
+    except SpoolFormatError:
+        return "different"
+    mine = BinarySpoolReader(ours).fingerprint(their.size)
+    if mine.probe == their.digest:
+        return "extends"
+    if mine.size < their.size and BinarySpoolReader(theirs).fingerprint(mine.size).probe == (
+            mine.digest):
+        return "within"
+    return "different"
 
 
 def leftover_final_name(file_name: str) -> str | None:

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from spool.format import BLOCK_TARGET_BYTES, SpoolFormatError, SpoolRecord, encode_columns
+from spool.format import (
+    BLOCK_TARGET_BYTES,
+    SpoolFormatError,
+    SpoolRecord,
+    encode_columns,
+    encode_record,
+)
 from spool.reader import (
     BinarySpoolReader,
     list_ready_files,
@@ -82,10 +88,15 @@ def test_an_existing_name_is_not_overwritten_unless_asked(tmp_path: Path) -> Non
     assert os.listdir(tmp_path) == ["same.ferry"]  # the losing temp file is gone too
 
     inode = os.stat(first).st_ino
-    write_spool_file(tmp_path, "same", RECORDS[1:2], replace=True)
-    assert read_spool_file(first) == RECORDS[1:2]
+    # replace=True replaces a file whose records ours starts with (a re-published partition)...
+    write_spool_file(tmp_path, "same", RECORDS[:2], replace=True)
+    assert read_spool_file(first) == RECORDS[:2]
     assert os.stat(first).st_ino != inode  # replaced by rename, never rewritten in place
     assert os.listdir(tmp_path) == ["same.ferry"]
+    # ...but never one holding other records: those are kept, and ours goes beside them.
+    write_spool_file(tmp_path, "same", RECORDS[5:6], replace=True)
+    assert read_spool_file(first) == RECORDS[:2]
+    assert read_spool_file(tmp_path / "same.1.ferry") == RECORDS[5:6]
 
 
 def test_files_are_group_readable_whatever_the_umask(tmp_path: Path) -> None:
@@ -248,3 +259,67 @@ def test_leftovers_of_chosen_names_are_removed_and_nothing_else(tmp_path: Path) 
     )
     with pytest.raises(FileNotFoundError):  # the killed writer's rename now fails
         pending.commit()
+
+
+# -- publishing over a name that is taken: never replace records the agent has not read ------
+def _file(directory: Path, name: str, values: list[bytes]) -> Path:
+    """A finished spool file of ``values`` (one block per 10 records) at directory/name."""
+    directory.mkdir(exist_ok=True)
+    with SpoolWriter(directory, name, replace=False) as w:
+        for i in range(0, len(values), 10):
+            body = b"".join(encode_record(SpoolRecord("t", v)) for v in values[i:i + 10])
+            w.write_block(body, len(values[i:i + 10]))
+    return directory / name
+
+
+def _published(spool: Path) -> dict[str, list[bytes]]:
+    return {p.name: [r.value for r in read_spool_file(p)] for p in list_ready_files(spool)}
+
+
+ROWS = [b"row-%03d" % i for i in range(100)]
+
+
+@pytest.mark.parametrize(("waiting", "ours", "published"), [
+    # a failed attempt's prefix waits; the retry's whole partition replaces it
+    (ROWS[:40], ROWS, {"p.ferry": ROWS}),
+    # the same file again (a rerun): replaced, nothing changes
+    (ROWS, ROWS, {"p.ferry": ROWS}),
+    # a killed attempt finishing after the rerun: its prefix adds nothing and is dropped
+    (ROWS, ROWS[:40], {"p.ferry": ROWS}),
+    # other rows under the same name (a nondeterministic rerun): both kept, ours renamed
+    (ROWS[:50], ROWS[50:], {"p.ferry": ROWS[:50], "p.1.ferry": ROWS[50:]}),
+])
+def test_publishing_never_replaces_records_the_agent_has_not_read(
+    tmp_path: Path, waiting: list[bytes], ours: list[bytes], published: dict[str, list[bytes]]
+) -> None:
+    spool = tmp_path / "spool"
+    _file(spool, "p.ferry", waiting)  # published earlier, not yet claimed by the agent
+    staged = _file(tmp_path / "task", "p.ferry", ours)
+    # Task mode: the writer publishes itself (replace=True); driver mode: publish_staged.
+    with SpoolWriter(spool, "p.ferry", replace=True) as w:
+        for record in read_spool_file(staged):
+            w.write(record)
+    assert _published(spool) == published
+    assert [n for n in os.listdir(spool) if n.startswith(".")] == []  # nothing left behind
+
+
+def test_a_staged_file_published_over_other_content_keeps_both(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    _file(spool, "p.ferry", ROWS[:30])
+    writer = SpoolWriter(spool, "p.ferry", replace=True)
+    writer.write_many(SpoolRecord("t", v) for v in ROWS[30:])
+    staged = writer.commit(publish=False)
+    assert publish_staged(staged, "p.ferry") == spool / "p.1.ferry"
+    assert _published(spool) == {"p.ferry": ROWS[:30], "p.1.ferry": ROWS[30:]}
+
+
+def test_a_file_written_in_place_under_the_name_is_not_replaced(tmp_path: Path) -> None:
+    """Whatever waits under the name and is not a complete spool file (someone writing it in
+    place) is never taken for a prefix: ours goes under another name."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / "p.ferry").write_bytes(b"FERRYSPL half")
+    with SpoolWriter(spool, "p.ferry", replace=True) as w:
+        w.write(SpoolRecord("t", b"ours"))
+    assert (spool / "p.ferry").read_bytes() == b"FERRYSPL half"
+    assert [r.value for r in read_spool_file(spool / "p.1.ferry")] == [b"ours"]
