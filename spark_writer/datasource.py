@@ -30,6 +30,7 @@ whole one. See ``docs/spool.md``.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
@@ -694,11 +695,33 @@ class FerryBatchWriter(DataSourceArrowWriter):
         _remove_leftovers(self.plan, {self.group})
 
 
+def query_id_from_checkpoint(location: str | None) -> str | None:
+    """The streaming query's id from its checkpoint's ``metadata`` file (``{"id": ...}``), if
+    the checkpoint is on a file system this process can read; else None. The driver's
+    commit and abort are not told the query id, and a micro-batch whose every task failed
+    sends no message that carries it."""
+    if not location:
+        return None
+    if location.startswith("file://"):
+        location = location[len("file://") :]
+    elif location.startswith("file:"):
+        location = location[len("file:") :]
+    if "://" in location or not os.path.isabs(location):
+        return None
+    try:
+        with open(os.path.join(location, "metadata"), encoding="utf-8") as f:
+            query_id = json.loads(f.readline()).get("id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return query_id if isinstance(query_id, str) and _ID_RE.fullmatch(query_id) else None
+
+
 class FerryStreamWriter(DataSourceStreamArrowWriter):
     """Streaming writes: one file per (query, micro-batch, partition)."""
 
-    def __init__(self, plan: WritePlan) -> None:
+    def __init__(self, plan: WritePlan, checkpoint: str | None = None) -> None:
         self.plan = plan
+        self.checkpoint = checkpoint  # the checkpointLocation option
 
     @staticmethod
     def group_of(query_id: str, batch_id: int) -> str:
@@ -720,16 +743,23 @@ class FerryStreamWriter(DataSourceStreamArrowWriter):
         name = self.file_name(query_id, int(batch_id), ctx.partitionId())
         return write_partition(self.plan, iterator, name, self.group_of(query_id, int(batch_id)))
 
+    def _groups(self, messages: list[WriterCommitMessage | None], batch_id: int) -> set[str]:
+        """This micro-batch's name group: from the tasks' messages (empty partitions
+        included), or from the checkpoint when no task reported and it is readable here."""
+        groups = {m.group for m in _messages(messages) if m.group}
+        query_id = query_id_from_checkpoint(self.checkpoint) if not groups else None
+        return groups | ({self.group_of(query_id, batch_id)} if query_id else set())
+
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
-        """Publish the successful tasks' staged files; drop every other attempt's. The driver
-        does not know the query id: it comes with the tasks' messages (empty partitions
-        included)."""
-        publish_files(self.plan, messages, set())
+        """Publish the successful tasks' staged files; drop every other attempt's."""
+        publish_files(self.plan, messages, self._groups(messages, batchId))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
-        """Delete the leftovers of the tasks that reported. Spark replays a failed
-        micro-batch under the same query and batch id, and that commit deletes the rest."""
-        _remove_leftovers(self.plan, {m.group for m in _messages(messages) if m.group})
+        """Delete this micro-batch's temporary and staged files that this host sees (if the
+        query id is known: from a task that reported, or from a checkpoint readable here).
+        Spark replays a failed micro-batch under the same query and batch id, and that
+        commit deletes whatever is left."""
+        _remove_leftovers(self.plan, self._groups(messages, batchId))
 
 
 class FerryDataSource(DataSource):
@@ -758,4 +788,5 @@ class FerryDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> FerryStreamWriter:  # noqa: N802
         # "overwrite" means nothing for a stream into a spool: whatever the output mode, each
         # micro-batch is new messages (complete mode re-sends the whole result, as asked).
-        return self.stream_writer(plan_write(schema, self.options, overwrite=False))
+        return self.stream_writer(plan_write(schema, self.options, overwrite=False),
+                                  self.options.get("checkpointLocation"))

@@ -14,6 +14,7 @@ holds afterwards, read back with ``spool.reader`` (what the agent would ingest):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -29,6 +30,7 @@ from pyspark import TaskContext
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.functions import col, pandas_udf
+from pyspark.sql.streaming import StreamingQuery, StreamingQueryException
 
 from spark_writer import FerryBatchWriter, FerryCommitMessage, FerryDataSource
 from spool import SpoolRecord, list_ready_files, open_spool_file, verify
@@ -270,44 +272,63 @@ def test_driver_mode_publishes_nothing_if_the_driver_cannot_see_a_staged_file(
     assert len(list((tmp_path / "other-node").iterdir())) == 2  # the driver could not see them
 
 
-def test_stream_a_micro_batch_failing_once_puts_each_row_in_the_spool_once(
+def test_stream_a_failed_micro_batch_leaves_nothing_and_one_failing_once_each_row_once(
     spark: SparkSession, spool_dir: Path, tmp_path: Path, small_batches: None
 ) -> None:
+    """Run 1: micro-batch 1 fails on every attempt, so the query fails; its abort (which
+    learns the query id from the checkpoint: no task reported) deletes the attempts' staged
+    files. Run 2, from the checkpoint: micro-batch 1 is replayed and fails once, on its first
+    attempt. In the end each row is in the spool once, and nothing else is."""
     source = tmp_path / "in"
     source.mkdir()
     per_file = 1500
     for f in range(3):
         lines = [json.dumps({"n": f * per_file + i}) for i in range(per_file)]
         (source / f"part-{f}.json").write_text("\n".join(lines) + "\n")
-    marker = tmp_path / "failed"
+    failures = tmp_path / "failures"
+    failures.mkdir()
     fail_at = per_file + per_file * 3 // 4  # late in micro-batch 1
 
-    @pandas_udf("binary")  # type: ignore[call-overload]
-    def value_of(ids: pd.Series) -> pd.Series:
-        ctx = TaskContext.get()
-        assert ctx is not None
-        if ctx.attemptNumber() == 0 and (ids == fail_at).any():
-            wait_until(writing(spool_dir, 0), timeout=60, message="the writer writing")
-            marker.touch()
-            raise RuntimeError("injected failure on the first attempt")
-        return ids.map(value)
+    def run(always: bool) -> StreamingQuery:
+        @pandas_udf("binary")  # type: ignore[call-overload]
+        def value_of(ids: pd.Series) -> pd.Series:
+            ctx = TaskContext.get()
+            assert ctx is not None
+            if (always or ctx.attemptNumber() == 0) and (ids == fail_at).any():
+                wait_until(writing(spool_dir, 0), timeout=60, message="the writer writing")
+                (failures / f"{always}-{ctx.attemptNumber()}").touch()
+                raise RuntimeError("injected failure")
+            return ids.map(value)
 
-    query = (
-        spark.readStream.schema("n long")
-        .option("maxFilesPerTrigger", 1)
-        .json(str(source))
-        .select(value_of(col("n")).alias("value"))
-        .writeStream.format("ferry")
-        .option("topic", "streamed")
-        .option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .trigger(availableNow=True)
-        .start(str(spool_dir))
-    )
-    query.awaitTermination(120)
-    assert query.exception() is None and not query.isActive
-    assert marker.exists()
+        query = (
+            spark.readStream.schema("n long")
+            .option("maxFilesPerTrigger", 1)
+            .json(str(source))
+            .select(value_of(col("n")).alias("value"))
+            .writeStream.format("ferry")
+            .option("topic", "streamed")
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start(str(spool_dir))
+        )
+        with contextlib.suppress(StreamingQueryException):
+            query.awaitTermination(120)
+        assert not query.isActive
+        return query
+
+    failed = run(always=True)
+    assert "injected failure" in str(failed.exception())
+    assert sorted(os.listdir(failures)) == ["True-0", "True-1", "True-2"]
+    assert values(spool_dir) == expected(range(per_file))  # micro-batch 0 only
+    assert not_ready(spool_dir) == []  # the three attempts' staged files were deleted
+
+    replayed = run(always=False)
+    assert replayed.exception() is None
+    assert replayed.id == failed.id
+    assert "False-0" in os.listdir(failures)  # the replayed micro-batch failed once
     names = [p.name for p in list_ready_files(spool_dir)]
-    assert len(names) == 3 and all(re.fullmatch(r"spark-[0-9a-f-]{36}-\d{10}-00000\.ferry", n)
-                                   for n in names)
+    assert len(names) == 3 and all(
+        re.fullmatch(rf"spark-{failed.id}-\d{{10}}-00000\.ferry", n) for n in names
+    )
     assert values(spool_dir) == expected(range(3 * per_file))
     assert not_ready(spool_dir) == []
