@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.append(str(REPO_ROOT))  # last: repo folders must not shadow installed packages
 
+from tests.filesystems import tmpfs  # noqa: E402
 from tests.kafka import Broker, TcpProxy, free_port, unique_topic_name  # noqa: E402
 
 # --------------------------------------------------------------------------------------------
@@ -71,14 +71,9 @@ def proxied_broker(tmp_path: Path) -> Iterator[tuple[Broker, TcpProxy]]:
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 12 MiB tmpfs mounted for this test: a real filesystem that runs out of space."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(mnt)], check=True)
-    try:
+    """A 12 MiB tmpfs mounted for this test."""
+    with tmpfs(tmp_path / "small", 12) as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 # --------------------------------------------------------------------------------------------

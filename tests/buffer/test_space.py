@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from agent.buffer.store import (
     StoredMessage,
 )
 from agent.records import Record
+from tests.filesystems import tmpfs
 
 MB = 1024 * 1024
 GROUP = 500
@@ -33,13 +33,8 @@ GROUP = 500
 @pytest.fixture
 def disk(tmp_path: Path) -> Iterator[Path]:
     """A 16 MiB tmpfs (the tests run as root)."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], check=True)
-    try:
+    with tmpfs(tmp_path / "disk", 16) as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def free_bytes(path: Path) -> int:

@@ -25,6 +25,7 @@ import pytest
 
 from ferry_client import FerryClient
 from tests.agent_harness import REPO_ROOT, write_config
+from tests.filesystems import tmpfs
 from tests.kafka import Broker
 from tests.reliability.harness import Agent, metric_total, read_values
 from tests.waiting import wait_until
@@ -41,13 +42,8 @@ STATE_LINES = re.compile(r"refuses new messages|accepts new messages again|files
 @pytest.fixture
 def disk48(tmp_path: Path) -> Iterator[Path]:
     """A 48 MiB tmpfs for this test (the tests run as root), the issue's filesystem size."""
-    mnt = tmp_path / "disk48"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mnt)], check=True)
-    try:
+    with tmpfs(tmp_path / "disk48", 48) as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 class Sender:
