@@ -62,6 +62,13 @@ from tests.kafka import Broker
 from tests.reliability.harness import Agent, metric_total, read_values
 from tests.waiting import wait_until
 
+
+def spool_files_left(spool_dir: Path) -> list[Path]:
+    """Spool files not ingested yet: waiting under their names, or claimed by the agent and
+    being read (``.ingesting/``, where a killed agent's file resumes)."""
+    return [*spool_dir.glob("*.ferry"), *(spool_dir / ".ingesting").glob("*.ferry")]
+
+
 INPUTS = ("http", "spool", "socket")
 KILL_MODES = ("timer", "http_ack", "spool_mid_file", "startup")
 HTTP_THREADS = 2
@@ -254,7 +261,7 @@ class Load:
         for _ in range(100_000):
             if self.stop.is_set():
                 return
-            if len(list(self.spool_dir.glob("*.ferry"))) >= 2:
+            if len(spool_files_left(self.spool_dir)) >= 2:
                 self.stop.wait(0.02)  # pacing: at most two files waiting
                 continue
             if first and self.big_spool:
@@ -370,7 +377,7 @@ def run_crash_check(
         log(f"kill {n + 1}/{kills}: {lives[-1]}")
     final_started = time.monotonic()
     with Agent(config) as agent:
-        wait_until(lambda: not list(spool_dir.glob("*.ferry")), timeout=120,
+        wait_until(lambda: not spool_files_left(spool_dir), timeout=120,
                    message="every spool file ingested")
         wait_until(lambda: sum(agent.buffered().values()) == 0, timeout=120, interval=0.2,
                    message="buffer drained")
@@ -430,7 +437,7 @@ def _one_life(config: Path, topics: dict[str, str], spool_dir: Path, ledger: Led
         if load is not None:
             load.finish()
     return Life(mode=mode, seconds=round(seconds, 3), http_in_flight=http_in_flight,
-                spool_files_waiting=len(list(spool_dir.glob("*.ferry"))),
+                spool_files_waiting=len(spool_files_left(spool_dir)),
                 socket_round_open=round_open,
                 acked=load.acked if load else dict.fromkeys(INPUTS, 0))
 

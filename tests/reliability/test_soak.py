@@ -24,7 +24,7 @@ import pytest
 
 from tests.agent_harness import write_config
 from tests.kafka import Broker
-from tests.reliability.checker import INPUTS, Ledger, Load, tally
+from tests.reliability.checker import INPUTS, Ledger, Load, spool_files_left, tally
 from tests.reliability.harness import Agent, Usage, metric_total, read_values
 from tests.waiting import wait_until
 
@@ -98,7 +98,7 @@ def test_soak_memory_and_descriptors_stay_flat(
             load.finish()
             stop_noise.set()
             noise.join(30)
-        wait_until(lambda: not list(spool_dir.glob("*.ferry")), timeout=120,
+        wait_until(lambda: not spool_files_left(spool_dir), timeout=120,
                    message="spool files ingested")
         wait_until(lambda: sum(agent.buffered().values()) == 0, timeout=300, interval=0.5,
                    message="buffer drained")
