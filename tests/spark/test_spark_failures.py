@@ -183,21 +183,21 @@ def test_task_mode_retry_republishes_the_whole_partition_starting_with_the_same_
 
 
 def killed_by_another_task(rows: int, spool_dir: Path, started: Path | None) -> DataFrame:
-    """``rows`` rows in 2 partitions, written with jobId "killed". With ``started``:
-    partition 1 starts writing its file (``started`` then exists) and waits until the driver
-    has aborted the job, which partition 0 makes fail, on every attempt, once partition 1
-    has started. So partition 1 is killed, or finishes, after the abort."""
+    """``rows`` rows in 2 partitions, for jobId "killed". With ``started``: partition 1
+    begins its file (``started`` then exists) and waits until the driver has aborted the
+    job, which partition 0 makes fail, on every attempt, once partition 1 has started. Spark
+    does not wait for the task it kills: it goes on after the abort."""
     from pyspark.sql import SparkSession
 
     spark = SparkSession.getActiveSession()
     assert spark is not None
-    half = rows // 2
+    wait_at = rows // 2 + rows // 4
 
     @pandas_udf("binary")  # type: ignore[call-overload]
     def value_of(ids: pd.Series) -> pd.Series:
         ctx = TaskContext.get()
         assert ctx is not None
-        if started is not None and ctx.partitionId() == 1 and (ids == half + half // 2).any():
+        if started is not None and ctx.partitionId() == 1 and (ids == wait_at).any():
             wait_until(writing(spool_dir, 1), timeout=60, message="partition 1 writing")
             started.touch()
             wait_until((spool_dir / ".spark-killed-aborted").exists, timeout=60,
@@ -210,21 +210,38 @@ def killed_by_another_task(rows: int, spool_dir: Path, started: Path | None) -> 
     return spark.range(0, rows, numPartitions=2).select(value_of("id").alias("value"))
 
 
+def no_running_tasks(spark: SparkSession, group: str) -> bool:
+    """Whether Spark counts no task of the jobs of ``group`` as running (killed ones done)."""
+    tracker = spark.sparkContext.statusTracker()
+    for job in tracker.getJobIdsForGroup(group):
+        info = tracker.getJobInfo(job)
+        for stage in info.stageIds if info is not None else []:
+            stage_info = tracker.getStageInfo(stage)
+            if stage_info is not None and stage_info.numActiveTasks > 0:
+                return False
+    return True
+
+
 def test_driver_mode_a_failed_job_publishes_nothing_and_a_rerun_everything_once(
     spark: SparkSession, spool_dir: Path, tmp_path: Path, small_batches: None
 ) -> None:
     rows = 6000
     started = tmp_path / "partition-1-started"
+    spark.sparkContext.setJobGroup("ferry-killed", "a job that fails")
     with pytest.raises(PySparkException, match="injected failure on every attempt"):
         killed_by_another_task(rows, spool_dir, started).write.format("ferry").option(
             "topic", "t"
         ).option("jobId", "killed").mode("append").save(str(spool_dir))
     assert started.exists()  # partition 1 was writing when the job failed
-    # Spark does not wait for the killed task: it stages its file, finds the abort marker
-    # and deletes the file again; meanwhile nothing is ready, and then nothing is left.
+    # Spark does not wait for the task it kills before the abort; wait until it is gone.
+    # The abort deleted the temporary file it was writing (so its rename fails); a file it
+    # staged after the abort it would delete itself (test_spark_writer.py:
+    # test_a_task_staging_after_the_abort_deletes_its_file).
+    wait_until(lambda: no_running_tasks(spark, "ferry-killed"), timeout=30,
+               message="the killed task gone")
     assert list_ready_files(spool_dir) == []
-    wait_until(lambda: not_ready(spool_dir) == [".spark-killed-aborted"], timeout=30,
-               message="only the abort marker left")
+    wait_until(lambda: not_ready(spool_dir) == [".spark-killed-aborted"], timeout=10,
+               message="no staged or temporary file left")
     assert list_ready_files(spool_dir) == []
 
     killed_by_another_task(rows, spool_dir, None).write.format("ferry").option(
@@ -234,7 +251,7 @@ def test_driver_mode_a_failed_job_publishes_nothing_and_a_rerun_everything_once(
         "spark-killed-00000.ferry", "spark-killed-00001.ferry"
     ]
     assert values(spool_dir) == expected(range(rows))
-    assert not_ready(spool_dir) == []
+    assert not_ready(spool_dir) == []  # the rerun removed the abort marker
 
 
 class StagedElsewhere(FerryBatchWriter):

@@ -22,7 +22,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.functions import col, udf
 
 from spark_writer import FerryBatchWriter, FerryCommitMessage, FerryDataSource
-from spark_writer.datasource import DEFAULT_MAX_MESSAGE_BYTES, encode_arrow
+from spark_writer.datasource import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    encode_arrow,
+    plan_write,
+    write_partition,
+)
 from spool import SpoolRecord, list_ready_files, open_spool_file, verify
 from spool.format import Headers, encode_columns
 
@@ -548,3 +553,33 @@ def test_stream_writes_micro_batches_and_a_replayed_batch_overwrites(
     assert second[0] == first[0] and second[1] == first[1]  # untouched
     assert second[2][0] == first[2][0] and second[2][1] != first[2][1]  # same name, rewritten
     assert contents() == expected  # and nothing doubled
+
+
+def test_a_task_staging_after_the_abort_deletes_its_file(tmp_path: Path) -> None:
+    """Spark does not wait for the tasks it kills before the driver's abort: a task that
+    stages its file after the abort's sweep finds the abort marker and deletes the file."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    schema = StructType([StructField("value", StringType())])
+    writer = FerryBatchWriter(plan_write(schema, {"path": str(tmp_path), "topic": "t"}, False),
+                              "job-1")
+    batch = pa.record_batch([pa.array(["a", "b"])], names=["value"])
+
+    def stage() -> FerryCommitMessage:
+        return write_partition(writer.plan, iter([batch]), writer.file_name(0), writer.group,
+                               writer.abort_marker)
+
+    early = stage()  # staged before the abort: the abort's sweep deletes it
+    assert early.staged and early.path is not None and os.path.exists(early.path)
+    writer.abort([None])
+    assert os.listdir(tmp_path) == [".spark-job-1-aborted"]
+    with pytest.raises(RuntimeError, match="not kept: the job was aborted"):
+        stage()  # staged after it: the task deletes it itself
+    assert os.listdir(tmp_path) == [".spark-job-1-aborted"]
+
+    writer.prepare()  # a rerun with the same job id, on the driver before its tasks
+    assert os.listdir(tmp_path) == []
+    late = stage()
+    writer.commit([late])
+    assert os.listdir(tmp_path) == ["spark-job-1-00000.ferry"]
+    assert [r.value for r in read_all(tmp_path)] == [b"a", b"b"]
