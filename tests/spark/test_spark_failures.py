@@ -20,7 +20,7 @@ import os
 import re
 import shutil
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -28,86 +28,33 @@ import pyarrow as pa
 import pytest
 from pyspark import TaskContext
 from pyspark.errors import PySparkException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql.functions import col, pandas_udf
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryException
 
 from spark_writer import FerryBatchWriter, FerryCommitMessage, FerryDataSource
-from spool import SpoolRecord, list_ready_files, open_spool_file, verify
+from spool import list_ready_files, open_spool_file, verify
 from spool.format import TRAILER
+from tests.spark.faults import (
+    expected,
+    failing_once,
+    killed_by_another_task,
+    no_running_tasks,
+    read_all,
+    value,
+    writing,
+)
 from tests.waiting import wait_until
-
-BATCH_SIZE = "250"  # Arrow rows per batch: the writer has written some blocks when it dies
-
-
-def read_all(spool_dir: Path) -> list[SpoolRecord]:
-    """Every record of every ready file, each file verified first."""
-    records: list[SpoolRecord] = []
-    for path in list_ready_files(spool_dir):
-        count = verify(path)
-        file_records = [record for _, record in open_spool_file(path)]
-        assert len(file_records) == count
-        records.extend(file_records)
-    return records
 
 
 def values(spool_dir: Path) -> Counter[bytes]:
     return Counter(r.value for r in read_all(spool_dir))
 
 
-def value(i: int) -> bytes:
-    """Row i's value: long enough that the rows before a failure fill the buffers between the
-    UDF's Python worker, the JVM and the writer's worker (64 KiB), so the writer does get
-    part of the partition before its input ends."""
-    return f"v{i}-".encode().ljust(200, b"x")
-
-
-def expected(rows: range) -> Counter[bytes]:
-    return Counter(value(i) for i in rows)
-
-
 def not_ready(spool_dir: Path) -> list[str]:
     """What the spool directory holds besides ready files: staged and temporary leftovers."""
     ready = {p.name for p in list_ready_files(spool_dir)}
     return sorted(set(os.listdir(spool_dir)) - ready)
-
-
-@pytest.fixture
-def small_batches(spark: SparkSession) -> Iterator[None]:
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", BATCH_SIZE)
-    yield
-    spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
-
-
-def writing(spool_dir: Path, partition: int) -> Callable[[], bool]:
-    """Whether the writer of ``partition`` has started its temporary file."""
-    pattern = f".spark-*-{partition:05d}.ferry.*.tmp"
-    return lambda: any(spool_dir.glob(pattern))
-
-
-def failing_once(rows: int, fail_at: int, marker: Path, spool_dir: Path) -> DataFrame:
-    """``rows`` rows in 2 partitions; a pandas UDF upstream of the writer raises on the first
-    attempt of the task that holds row ``fail_at``, when it reaches it and the writer has
-    written part of the partition (the writer's worker starts later than the UDF's)."""
-    from pyspark.sql import SparkSession
-
-    spark = SparkSession.getActiveSession()
-    assert spark is not None
-
-    @pandas_udf("binary")  # type: ignore[call-overload]
-    def value_of(ids: pd.Series) -> pd.Series:
-        ctx = TaskContext.get()
-        assert ctx is not None
-        if ctx.attemptNumber() == 0 and (ids == fail_at).any():
-            wait_until(writing(spool_dir, ctx.partitionId()), timeout=60,
-                       message="the writer writing")
-            marker.write_text(str(ctx.partitionId()))
-            raise RuntimeError("injected failure on the first attempt")
-        return ids.map(value)
-
-    return spark.range(0, rows, numPartitions=2).select(
-        col("id").cast("string").alias("key"), value_of("id").alias("value")
-    )
 
 
 class KeepFirstAttempt(FerryBatchWriter):
@@ -180,46 +127,6 @@ def test_task_mode_retry_republishes_the_whole_partition_starting_with_the_same_
     # The partition that did not fail is the same file as its first attempt's.
     [(ok_name, ok_bytes)] = [(n, b) for n, b in first.items() if n != cut_name]
     assert files[ok_name].read_bytes() == ok_bytes
-
-
-def killed_by_another_task(rows: int, spool_dir: Path, started: Path | None) -> DataFrame:
-    """``rows`` rows in 2 partitions, for jobId "killed". With ``started``: partition 1
-    begins its file (``started`` then exists) and waits until the driver has aborted the
-    job, which partition 0 makes fail, on every attempt, once partition 1 has started. Spark
-    does not wait for the task it kills: it goes on after the abort."""
-    from pyspark.sql import SparkSession
-
-    spark = SparkSession.getActiveSession()
-    assert spark is not None
-    wait_at = rows // 2 + rows // 4
-
-    @pandas_udf("binary")  # type: ignore[call-overload]
-    def value_of(ids: pd.Series) -> pd.Series:
-        ctx = TaskContext.get()
-        assert ctx is not None
-        if started is not None and ctx.partitionId() == 1 and (ids == wait_at).any():
-            wait_until(writing(spool_dir, 1), timeout=60, message="partition 1 writing")
-            started.touch()
-            wait_until((spool_dir / ".spark-killed-aborted").exists, timeout=60,
-                       message="the job aborted")
-        elif started is not None and ctx.partitionId() == 0:
-            wait_until(started.exists, timeout=60, message="partition 1 started")
-            raise RuntimeError("injected failure on every attempt")
-        return ids.map(value)
-
-    return spark.range(0, rows, numPartitions=2).select(value_of("id").alias("value"))
-
-
-def no_running_tasks(spark: SparkSession, group: str) -> bool:
-    """Whether Spark counts no task of the jobs of ``group`` as running (killed ones done)."""
-    tracker = spark.sparkContext.statusTracker()
-    for job in tracker.getJobIdsForGroup(group):
-        info = tracker.getJobInfo(job)
-        for stage in info.stageIds if info is not None else []:
-            stage_info = tracker.getStageInfo(stage)
-            if stage_info is not None and stage_info.numActiveTasks > 0:
-                return False
-    return True
 
 
 def test_driver_mode_a_failed_job_publishes_nothing_and_a_rerun_everything_once(

@@ -104,7 +104,7 @@ def test_a_task_failing_upstream_of_the_writer_then_retried_delivers_each_row_on
     rows, fail_at = 6000, 5200  # partition 1 (3000..5999) dies after part of its rows
     marker = tmp_path / "failed"
     with agent_on_spool(tmp_path, session_broker.bootstrap) as (agent, spool):
-        failing_once(rows, fail_at, marker).write.format("ferry").option(
+        failing_once(rows, fail_at, marker, spool).write.format("ferry").option(
             "topic", unique_topic).option("publish", publish).mode("append").save(str(spool))
         assert marker.read_text() == "1"  # the first attempt did fail mid-partition
         lost, duplicated, _ = lost_and_duplicated(agent, spool, session_broker.bootstrap,

@@ -28,23 +28,13 @@ from spark_writer.datasource import (
     plan_write,
     write_partition,
 )
-from spool import SpoolRecord, list_ready_files, open_spool_file, verify
+from spool import SpoolRecord, list_ready_files, verify
 from spool.format import Headers, encode_columns
+from tests.spark.faults import read_all
 
 ROWS = 100_000
 BATCH_NAME = re.compile(r"spark-([0-9a-f]{32})-(\d{5})\.ferry")
 STREAM_NAME = re.compile(r"spark-([0-9a-f-]{36})-(\d{10})-(\d{5})\.ferry")
-
-
-def read_all(spool_dir: Path) -> list[SpoolRecord]:
-    """Every record of every ready file, each file verified before it is read."""
-    records: list[SpoolRecord] = []
-    for path in list_ready_files(spool_dir):
-        count = verify(path)
-        file_records = [record for _, record in open_spool_file(path)]
-        assert len(file_records) == count
-        records.extend(file_records)
-    return records
 
 
 def expected_record(i: int, half: int) -> SpoolRecord:
