@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agent import __version__
-from agent.config import ConfigError, FerryConfig, load_config
+from agent.config import ConfigError, FerryConfig, config_file, environment_warnings, load_config
 
 log = logging.getLogger("ferry")
 
@@ -43,6 +43,12 @@ def _parser() -> argparse.ArgumentParser:
                      help="try Ferry on this machine: state under ./var, a local tansu broker "
                      "started for the session")
     run.set_defaults(func=_run)
+
+    validate = sub.add_parser("validate", help="check a configuration without starting the "
+                              "agent (exit 0 valid, 2 invalid: every problem is listed)")
+    validate.add_argument("--config", type=Path, help="TOML file (default /etc/ferry/ferry.toml "
+                          "when present); FERRY_* variables are checked too")
+    validate.set_defaults(func=_validate)
 
     send = sub.add_parser("send", help="send messages to the datagram socket (like to_bruce)")
     send.add_argument("--socket-path", type=Path, default=None,
@@ -109,6 +115,30 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     # Non-zero when the agent stopped itself (its forwarder kept crashing): systemd restarts it.
     return run_until_signalled(agent)
+
+
+# -- validate ------------------------------------------------------------------------------
+def _validate(args: argparse.Namespace) -> int:
+    # The very check `ferry run` makes at start (load_config): a ConfigError reaches main(),
+    # which prints it as `ferry run` would and exits 2.
+    config = load_config(args.config, warn_environment=False)
+    for line in environment_warnings():
+        print(f"ferry validate: warning: {line}", file=sys.stderr)
+    path = config_file(args.config)
+    print(f"config OK: {path if path else '(no file: defaults and FERRY_* variables)'}")
+    print(_summary(config))
+    return 0
+
+
+def _summary(config: FerryConfig) -> str:
+    kafka = config.kafka
+    clusters = f"local {kafka.local.bootstrap_servers}"
+    clusters += f", remote {kafka.remote.bootstrap_servers}" if kafka.remote else ", no remote"
+    dirs = ", ".join(str(d) for d in config.spool.dirs) or "none"
+    topics = ", ".join(sorted(config.topics))
+    return (f"  clusters: {clusters}; spool dirs: {dirs}; "
+            f"socket: {config.socket.path or 'off'}; http: {config.http.listen or 'off'}; "
+            f"buffer: {config.buffer.path}; topics: {topics}")
 
 
 # -- send ----------------------------------------------------------------------------------

@@ -10,13 +10,17 @@ import difflib
 import logging
 import os
 import re
+import types
+import typing
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
+    EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     SettingsError,
@@ -28,6 +32,9 @@ DEFAULT_CONFIG_PATH = Path("/etc/ferry/ferry.toml")
 # The TOML file load_config() is reading; a context variable rather than a class attribute so
 # that concurrent loads (tests) cannot see each other's file.
 _toml_file: ContextVar[Path | None] = ContextVar("_toml_file", default=None)
+# Sections whose FERRY_* value did not parse during the current load, collected rather than
+# raised so that one run reports them together with every other problem.
+_unreadable_env: ContextVar[list[str] | None] = ContextVar("_unreadable_env", default=None)
 
 # Kafka's own rule for topic names (kafka.common.internals.Topic).
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -221,7 +228,8 @@ class FerryConfig(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         toml_path = _toml_file.get()
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        # env_settings, except that unreadable values are collected (_EnvSource).
+        sources: list[PydanticBaseSettingsSource] = [init_settings, _EnvSource(settings_cls)]
         if toml_path is not None:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
         return tuple(sources)
@@ -235,33 +243,85 @@ class FerryConfig(BaseSettings):
         return self.buffer.discard_log or self.buffer.path / "discards.jsonl"
 
 
+class _EnvSource(EnvSettingsSource):
+    """FERRY_* variables, as pydantic-settings reads them, except that a section whose value
+    does not parse is noted (and left out) instead of ending the load: the other problems of
+    the configuration are then reported in the same run."""
+
+    def prepare_field_value(self, field_name: str, field: FieldInfo, value: Any,
+                            value_is_complex: bool) -> Any:
+        try:
+            return super().prepare_field_value(field_name, field, value, value_is_complex)
+        except ValueError:
+            unreadable = _unreadable_env.get()
+            if unreadable is None:
+                raise
+            unreadable.append(field_name)
+            return None
+
+
 class ConfigError(Exception):
-    """The configuration cannot be used; the message names the field and the reason."""
+    """The configuration cannot be used; the message names the field and the reason.
+
+    ``problems`` holds one line per problem found, all of them (not just the first)."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        self.problems = problems if problems is not None else [message]
+        super().__init__(message)
+
+
+def config_file(path: Path | None = None, *, system_default: bool = True) -> Path | None:
+    """The TOML file load_config() reads for these arguments, or None (no file)."""
+    if path is None and system_default and DEFAULT_CONFIG_PATH.exists():
+        return DEFAULT_CONFIG_PATH
+    return path
 
 
 def load_config(path: Path | None = None, *, system_default: bool = True,
-                **overrides: Any) -> FerryConfig:
+                warn_environment: bool = True, **overrides: Any) -> FerryConfig:
     """Read ``path`` (or /etc/ferry/ferry.toml when present and ``system_default``), then
-    FERRY_* variables; ``overrides`` win over both."""
-    if path is None and system_default and DEFAULT_CONFIG_PATH.exists():
-        path = DEFAULT_CONFIG_PATH
+    FERRY_* variables; ``overrides`` win over both.
+
+    This is the one check of a configuration: ``ferry run`` and ``ferry validate`` both call
+    it. A ConfigError lists every problem found; FERRY_* variables that name no setting are
+    only warned about (``warn_environment``), as pydantic-settings ignores them."""
+    path = config_file(path, system_default=system_default)
     if path is not None and not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     token = _toml_file.set(path)
+    unreadable: list[str] = []
+    env_token = _unreadable_env.set(unreadable)
     try:
-        config = FerryConfig(**overrides)
-        for name, hint in _suspect_environment():
-            log.warning("environment variable %s is not a Ferry setting and is ignored%s",
-                        name, f" (did you mean {hint}?)" if hint else "")
+        errors: list[Any] = []
+        try:
+            config = FerryConfig(**overrides)
+        except ValidationError as exc:
+            errors = list(exc.errors())
+        problems = [_describe_unreadable(section) for section in unreadable]
+        problems += [_describe_error(err, path, overrides, unreadable) for err in errors]
+        if problems:
+            where = f" ({path} and FERRY_* variables)" if path else " (FERRY_* variables)"
+            raise ConfigError("\n".join([f"invalid configuration{where}:",
+                                         *(f"  {line}" for line in problems)]), problems)
+        if warn_environment:
+            for line in environment_warnings():
+                log.warning("%s", line)
         return config
-    except ValidationError as exc:
-        raise ConfigError(_describe(exc, path)) from None
-    except SettingsError as exc:
-        raise ConfigError(_describe_environment(exc)) from None
+    except SettingsError as exc:  # a failure _EnvSource does not collect
+        raise ConfigError(f"invalid configuration: {exc}") from None
     except ValueError as exc:  # TOML syntax errors surface as ValueError subclasses
         raise ConfigError(f"{path}: {exc}") from None
     finally:
+        _unreadable_env.reset(env_token)
         _toml_file.reset(token)
+
+
+def environment_warnings() -> list[str]:
+    """One line per FERRY_* variable that looks meant for the configuration but names no
+    section: such a variable is ignored, which a typo would make silent."""
+    return [f"environment variable {name} is not a Ferry setting and is ignored"
+            + (f" (did you mean {hint}?)" if hint else "")
+            for name, hint in _suspect_environment()]
 
 
 def _suspect_environment() -> list[tuple[str, str]]:
@@ -285,24 +345,108 @@ def _suspect_environment() -> list[tuple[str, str]]:
     return out
 
 
-def _describe_environment(exc: SettingsError) -> str:
+def _env_names(prefix: str) -> list[str]:
+    """The environment variables named ``prefix`` or nested under it (case-insensitive, as
+    pydantic-settings reads them)."""
+    prefix = prefix.upper()
+    return sorted(n for n in os.environ
+                  if n.upper() == prefix or n.upper().startswith(prefix + "__"))
+
+
+def _describe_unreadable(section: str) -> str:
     """pydantic-settings names only the section ("spool") when a FERRY_* value does not
     parse: name the variables, and say how lists and tables are written."""
-    match = re.search(r'field "([^"]+)"', str(exc))
-    section = match.group(1) if match else ""
     prefix = f"FERRY_{section}".upper()
-    names = sorted(n for n in os.environ
-                   if n.upper() == prefix or n.upper().startswith(prefix + "__"))
-    return (f"invalid configuration: the environment variable{'s' if len(names) != 1 else ''}"
-            f" {', '.join(names) or prefix + '*'} (section {section or '?'}) could not be "
-            "read: lists and tables are written as JSON, e.g. "
-            "FERRY_SPOOL__DIRS='[\"/var/lib/ferry/spool\"]'")
+    names = _env_names(prefix)
+    return (f"{section}: the environment variable{'s' if len(names) != 1 else ''} "
+            f"{', '.join(names) or prefix + '*'} could not be read: lists and tables are "
+            "written as JSON, e.g. FERRY_SPOOL__DIRS='[\"/var/lib/ferry/spool\"]'")
 
 
-def _describe(exc: ValidationError, path: Path | None) -> str:
-    where = f" ({path} and FERRY_* variables)" if path else " (FERRY_* variables)"
-    lines = [f"invalid configuration{where}:"]
-    for err in exc.errors():
-        field = ".".join(str(part) for part in err["loc"]) or "(top level)"
-        lines.append(f"  {field}: {err['msg']}")
-    return "\n".join(lines)
+def _env_variable(loc: tuple[str, ...]) -> str | None:
+    """The FERRY_* variable that set the value at ``loc`` (or the table holding it), if one
+    did: variables win over the file, so an error there is the variable's."""
+    upper = {n.upper(): n for n in os.environ}
+    for end in range(len(loc), 0, -1):
+        name = upper.get("FERRY_" + "__".join(loc[:end]).upper())
+        if name is not None:
+            return name
+    return None
+
+
+def _in_overrides(loc: tuple[str, ...], overrides: dict[str, Any]) -> bool:
+    node: Any = overrides
+    for part in loc:
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _model_at(loc: tuple[str, ...]) -> type[BaseModel] | None:
+    """The section model that holds the keys at ``loc`` (``("topics", "clicks")`` ->
+    TopicConfig), or None where the keys are free (a dict of values)."""
+    model: type[BaseModel] = FerryConfig
+    annotation: Any = None
+    for part in loc:
+        if annotation is not None:  # inside a dict of sections: ``part`` is its key
+            model, annotation = annotation, None
+            continue
+        field = model.model_fields.get(part) or next(
+            (f for f in model.model_fields.values() if f.alias == part), None)
+        if field is None:
+            return None
+        inner = _section_type(field.annotation)
+        if inner is None:
+            return None
+        if typing.get_origin(inner) is dict:
+            annotation = _section_type(typing.get_args(inner)[1])
+            if annotation is None:
+                return None
+        else:
+            model = inner
+    return None if annotation is not None else model
+
+
+def _section_type(annotation: Any) -> Any:
+    """``annotation`` without ``| None``, when it is a section model or a dict of them."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        rest = [a for a in typing.get_args(annotation) if a is not type(None)]
+        annotation = rest[0] if len(rest) == 1 else None
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) is dict:
+        return annotation
+    return None
+
+
+def _suggestion(loc: tuple[str, ...]) -> str | None:
+    """The known key at ``loc``'s level closest to its misspelt last part, if one is close."""
+    model = _model_at(loc[:-1])
+    if model is None:
+        return None
+    names = [f.alias or name for name, f in model.model_fields.items()]
+    close = difflib.get_close_matches(loc[-1].lower(), names, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _describe_error(err: Any, path: Path | None, overrides: dict[str, Any],
+                    unreadable: list[str]) -> str:
+    """One line for one pydantic error: the key path, where the value came from when it was
+    a FERRY_* variable, what is wrong, and for an unknown key the known one it may mean."""
+    loc = tuple(str(part) for part in err["loc"])
+    field = ".".join(loc) or "(top level)"
+    # A section whose variables could not be read was left out: its values are the file's.
+    from_env = loc and loc[0] not in unreadable and not _in_overrides(loc, overrides)
+    variable = _env_variable(loc) if from_env else None
+    if err["type"] != "extra_forbidden" or not loc:
+        source = f" (environment variable {variable})" if variable else ""
+        return f"{field}{source}: {err['msg']}"
+    hint = _suggestion(loc)
+    if variable:
+        meant = "FERRY_" + "__".join((*loc[:-1], hint)).upper() if hint else None
+        return (f"{field} (environment variable {variable}): unknown setting"
+                + (f", did you mean {meant}?" if meant else ""))
+    where = f" in {path}" if path else ""
+    return (f"{field}: unknown setting{where}"
+            + (f", did you mean '{hint}'?" if hint else ""))

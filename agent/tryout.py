@@ -12,6 +12,7 @@ import socket
 import subprocess
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
@@ -82,7 +83,7 @@ class TryOut:
         self.config = load_config(self.config_path, system_default=False, **self._overrides())
         return self
 
-    def _overrides(self) -> dict[str, object]:
+    def _overrides(self) -> dict[str, Any]:
         r = self.root
         return {
             "buffer": {"path": r / "buffer", "max_bytes": 1024 ** 3},

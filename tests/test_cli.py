@@ -53,6 +53,88 @@ def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
     assert "does not exist" in done.stderr
 
 
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment without the developer's FERRY_* variables, plus ``extra``."""
+    import os
+
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("FERRY_")}, **extra}
+
+
+def ferry_clean(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60, env=clean_env(**env))
+
+
+def test_validate_accepts_a_valid_file_and_summarises_it(tmp_path: Path) -> None:
+    cfg = tmp_path / "ferry.toml"
+    cfg.write_text('[kafka.local]\nbootstrap_servers = "127.0.0.1:1"\n'
+                   '[kafka.remote]\nbootstrap_servers = "127.0.0.1:2"\n'
+                   f'[spool]\ndirs = ["{tmp_path / "a"}", "{tmp_path / "b"}"]\n'
+                   '[topics.clicks]\nacks = "all"\n')
+    done = ferry_clean("validate", "--config", str(cfg))
+    assert done.returncode == 0, done.stderr
+    first, summary = done.stdout.splitlines()
+    assert first == f"config OK: {cfg}"
+    assert "clusters: local 127.0.0.1:1, remote 127.0.0.1:2;" in summary
+    assert f"spool dirs: {tmp_path / 'a'}, {tmp_path / 'b'};" in summary
+    assert "topics: clicks, default" in summary
+    assert done.stderr == ""
+
+
+def test_validate_lists_every_problem_and_exits_2(tmp_path: Path) -> None:
+    cfg = tmp_path / "ferry.toml"
+    cfg.write_text('bufer = 1\n[buffer]\nmax_bytes = "lots"\n[http]\nlistn = "x"\n')
+    done = ferry_clean("validate", "--config", str(cfg), FERRY_SOCKET__MODE="999")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert lines[0] == f"ferry: invalid configuration ({cfg} and FERRY_* variables):"
+    assert sorted(lines[1:]) == sorted([
+        f"  bufer: unknown setting in {cfg}, did you mean 'buffer'?",
+        "  buffer.max_bytes: Input should be a valid integer, unable to parse string as an "
+        "integer",
+        f"  http.listn: unknown setting in {cfg}, did you mean 'listen'?",
+        "  socket.mode (environment variable FERRY_SOCKET__MODE): Value error, must be an "
+        "octal file mode such as '0660'",
+    ])
+
+
+def test_validate_names_an_unreadable_environment_variable(tmp_path: Path) -> None:
+    cfg = tmp_path / "ferry.toml"
+    cfg.write_text("")
+    done = ferry_clean("validate", "--config", str(cfg), FERRY_SPOOL__DIRS="/a")
+    assert done.returncode == 2
+    assert "spool: the environment variable FERRY_SPOOL__DIRS could not be read" in done.stderr
+
+
+def test_validate_warns_about_a_misspelt_variable_but_passes(tmp_path: Path) -> None:
+    # The agent ignores it (and logs the same warning at start): valid, but said.
+    cfg = tmp_path / "ferry.toml"
+    cfg.write_text("")
+    done = ferry_clean("validate", "--config", str(cfg), FERRY_LOGLEVEL="debug")
+    assert done.returncode == 0
+    assert done.stderr == ("ferry validate: warning: environment variable FERRY_LOGLEVEL is "
+                           "not a Ferry setting and is ignored (did you mean FERRY_LOG_LEVEL?)\n")
+
+
+def test_validate_of_a_missing_file_exits_2(tmp_path: Path) -> None:
+    done = ferry_clean("validate", "--config", str(tmp_path / "nope.toml"))
+    assert done.returncode == 2
+    assert done.stderr == f"ferry: config file {tmp_path / 'nope.toml'} does not exist\n"
+
+
+def test_run_refuses_a_config_with_the_messages_of_validate(tmp_path: Path) -> None:
+    cfg = tmp_path / "ferry.toml"
+    cfg.write_text(f'[buffer]\npath = "{tmp_path / "buffer"}"\n'
+                   '[topics.t]\nackz = "all"\n[http]\nlisten = "nonsense"\n')
+    validated = ferry_clean("validate", "--config", str(cfg))
+    ran = ferry_clean("run", "--config", str(cfg))
+    assert validated.returncode == ran.returncode == 2
+    assert "did you mean 'acks'?" in ran.stderr
+    assert ran.stderr == validated.stderr
+    assert not (tmp_path / "buffer").exists()  # refused before opening anything
+
+
 def test_send_to_a_missing_socket_fails_clearly(tmp_path: Path) -> None:
     done = ferry("send", "--socket-path", str(tmp_path / "none.sock"), "--topic", "t",
                  "--value", "v")

@@ -293,19 +293,80 @@ def test_topic_name_rule_is_kafkas() -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "field"),
+    ("text", "field", "meant"),
     [
-        ("[buffer]\nmax_byte = 5\n", "buffer.max_byte"),
-        ("bogus = 1\n", "bogus"),
-        ("[kafka.local]\nbootstrap = \"x\"\n", "kafka.local.bootstrap"),
-        ("[topics.t]\nackz = \"all\"\n", "topics.t.ackz"),
-        ("[nosuchsection]\n", "nosuchsection"),
+        ("[buffer]\nmax_byte = 5\n", "buffer.max_byte", "max_bytes"),
+        ("bogus = 1\n", "bogus", None),
+        ("bufer = 1\n", "bufer", "buffer"),
+        ("[kafka.local]\nbootstrap = \"x\"\n", "kafka.local.bootstrap", "bootstrap_servers"),
+        ("[kafka.remote]\nbootstrap_server = \"x\"\n", "kafka.remote.bootstrap_server",
+         "bootstrap_servers"),
+        ("[topics.t]\nackz = \"all\"\n", "topics.t.ackz", "acks"),
+        ("[topics.t]\nschemas = \"x\"\n", "topics.t.schemas", "schema"),  # the alias
+        ("[nosuchsection]\n", "nosuchsection", None),
     ],
 )
-def test_an_unknown_field_is_named(tmp_path: Path, text: str, field: str) -> None:
+def test_an_unknown_field_is_named_with_the_key_it_may_mean(
+    tmp_path: Path, text: str, field: str, meant: str | None
+) -> None:
     message = config_error(tmp_path, text)
-    assert f"{field}:" in message
-    assert "Extra inputs are not permitted" in message
+    assert f"{field}: unknown setting in {tmp_path / 'ferry.toml'}" in message
+    if meant:
+        assert f"did you mean '{meant}'?" in message
+    else:
+        assert "did you mean" not in message
+
+
+def test_every_kind_of_problem_is_listed_in_one_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # An unreadable variable used to end the load before the file's problems were seen.
+    monkeypatch.setenv("FERRY_SPOOL__DIRS", "/a")
+    monkeypatch.setenv("FERRY_HTTP__LISTEN", "nonsense")
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(tmp_path, 'logg_level = "debug"\n[buffer]\nmax_bytes = "big"\n'
+                          '[spool]\ndirs = "/x"\n'))
+    problems = raised.value.problems
+    assert len(problems) == 5, problems
+    assert problems[0].startswith("spool: the environment variable FERRY_SPOOL__DIRS")
+    assert any(line.startswith("buffer.max_bytes: Input should be a valid integer")
+               for line in problems)
+    assert ("http.listen (environment variable FERRY_HTTP__LISTEN): Value error, must be "
+            "HOST:PORT, e.g. 127.0.0.1:9090") in problems
+    # The unreadable variable was left out: this one is the file's value, not the variable's.
+    assert "spool.dirs: Input should be a valid list" in problems
+    assert (f"logg_level: unknown setting in {tmp_path / 'ferry.toml'}, did you mean "
+            "'log_level'?") in problems
+    assert all(line in str(raised.value) for line in problems)
+
+
+def test_an_out_of_range_environment_value_names_its_variable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("FERRY_TOPICS__CLICKS__MAX_ATTEMPTS", "-1")
+    message = config_error(tmp_path, "[topics.clicks]\nmax_attempts = 3\n")
+    assert ("topics.clicks.max_attempts (environment variable "
+            "FERRY_TOPICS__CLICKS__MAX_ATTEMPTS):") in message
+
+
+def test_a_misspelt_key_in_an_environment_variable_suggests_the_variable(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FERRY_HTTP__LISTN", "127.0.0.1:1")
+    with pytest.raises(ConfigError) as raised:
+        load_config()
+    assert raised.value.problems == [
+        "http.listn (environment variable FERRY_HTTP__LISTN): unknown setting, did you mean "
+        "FERRY_HTTP__LISTEN?"]
+
+
+def test_a_value_given_as_an_override_is_not_blamed_on_a_variable(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FERRY_HTTP__LISTEN", "127.0.0.1:1")
+    with pytest.raises(ConfigError) as raised:
+        load_config(http={"listen": "nonsense"})
+    assert raised.value.problems[0].startswith("http.listen: ")
 
 
 @pytest.mark.parametrize(
