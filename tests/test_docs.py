@@ -44,3 +44,17 @@ def test_the_documented_example_is_a_valid_config(tmp_path: Path) -> None:
     assert config.topic("orders").acks == "all"
     assert config.topic("anything").acks == "leader"
     assert config.kafka.remote is not None
+
+
+def test_every_document_naming_the_datagram_queue_gives_the_kernels_default_as_10() -> None:
+    # They once disagreed (10 here, 512 there). Linux's default is 10; 512 is what systemd
+    # raises it to at boot, and must not be called the kernel's default.
+    root = DOC.parent.parent
+    files = [root / "README.md", root / "bench" / "README.md", root / "packaging" / "sysctl.conf",
+             *sorted((root / "docs").glob("*.md"))]
+    naming = [f for f in files if "max_dgram_qlen" in f.read_text()]
+    assert len(naming) >= 4, naming
+    for f in naming:
+        text = " ".join(f.read_text().split())
+        assert re.search(r"default(?: is| of)? 10\b", text), f
+        assert not re.search(r"(?:kernel|Linux)'?s? default(?: is| of)? 512", text), f
