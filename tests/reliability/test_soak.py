@@ -3,7 +3,8 @@ polling mixed in. Memory (private RSS) and open file descriptors of every agent 
 stay flat after a warm-up, and every acknowledged message must be delivered.
 
 ``dev/reliability --long`` runs it; ``FERRY_SOAK_SECONDS`` changes the length. The samples go
-to ``test-artifacts/<test>/soak-report.json``; docs/reliability.md records the last run.
+to ``test-artifacts/<test>/soak-report.json``; docs/reliability.md holds the current figures,
+bench/results/reliability.md the runs.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The HTTP listener's one ASGI app: a raw fast path for publishing, Starlette for the rest.
 
-Measured on one core (bench/README.md): a thin ASGI app on uvicorn + httptools serves about
+Measured on one core (bench/results/log.md): a thin ASGI app on uvicorn + httptools serves about
 twice the requests of the same app behind Starlette's routing and middleware. Publishing is
 the only high-rate route, so ``POST /topics/{topic}`` and ``POST /topics/{topic}/batch`` are
 matched by hand here and go straight to ``Publisher``; everything else (topic management,
