@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -96,16 +97,25 @@ def _parser() -> argparse.ArgumentParser:
 # -- run -----------------------------------------------------------------------------------
 def _run(args: argparse.Namespace) -> int:
     from agent.daemon import Agent, run_until_signalled
+    from agent.ingest.http.server import HttpBindError
     from agent.logs import setup_logging
 
     if args.try_out:
         from agent.tryout import TryOut
 
-        with TryOut(Path.cwd() / "var", config_path=args.config) as trial:
+        with contextlib.ExitStack() as stack:
+            try:
+                trial = stack.enter_context(TryOut(Path.cwd() / "var", config_path=args.config))
+            except RuntimeError as exc:  # no broker, or the HTTP port taken: one line
+                print(f"ferry run --try-out: {exc}", file=sys.stderr)
+                return 1
             setup_logging(trial.config.log_level)
             agent = Agent(trial.config)
-            trial.print_welcome()
-            return run_until_signalled(agent)
+            try:
+                return run_until_signalled(agent, started=trial.print_welcome)
+            except HttpBindError as exc:
+                print(f"ferry run --try-out: {exc}", file=sys.stderr)
+                return 1
     config = load_config(args.config)
     setup_logging(config.log_level)
     try:
@@ -114,7 +124,11 @@ def _run(args: argparse.Namespace) -> int:
         print(f"ferry: cannot open the buffer at {config.buffer.path}: {exc}", file=sys.stderr)
         return 1
     # Non-zero when the agent stopped itself (its forwarder kept crashing): systemd restarts it.
-    return run_until_signalled(agent)
+    try:
+        return run_until_signalled(agent)
+    except HttpBindError as exc:
+        print(f"ferry: {exc} (http.listen)", file=sys.stderr)
+        return 1
 
 
 # -- validate ------------------------------------------------------------------------------

@@ -337,8 +337,12 @@ def sd_notify(message: str) -> None:
         log.warning("sd_notify failed: %s", exc)
 
 
-def run_until_signalled(agent: Agent) -> int:
-    """Run ``agent`` until SIGTERM/SIGINT or until it fails; the process's exit code."""
+def run_until_signalled(agent: Agent, started: Callable[[], None] | None = None) -> int:
+    """Run ``agent`` until SIGTERM/SIGINT or until it fails; the process's exit code.
+
+    ``started`` is called once every listener is open (try-out prints its banner then). A
+    start that fails (a port taken) raises, after stopping what had started already: the
+    forwarder process is never left behind."""
 
     def handler(signum: int, frame: Any) -> None:
         log.info("signal %d: stopping", signum)
@@ -346,8 +350,10 @@ def run_until_signalled(agent: Agent) -> int:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
-    agent.start()
     try:
+        agent.start()
+        if started is not None:
+            started()
         agent.stop_requested.wait()
     finally:
         agent.stop()

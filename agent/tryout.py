@@ -7,9 +7,11 @@ never silently given a local broker.
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import socket
 import subprocess
+import sys
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -37,6 +39,36 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def ferry_command() -> str:
+    """How to run ``ferry`` from the shell that started try-out: plain ``ferry`` when it is on
+    PATH as this very program, else the path this one was started by (``.venv/bin/ferry``
+    after ``dev/try``, which puts nothing on PATH)."""
+    me = Path(sys.argv[0])
+    on_path = shutil.which("ferry")
+    if on_path is not None and me.name == "ferry" and Path(on_path).resolve() == me.resolve():
+        return "ferry"
+    if me.name == "ferry":
+        return str(me)
+    return f"{sys.executable} -m agent.cli"
+
+
+def _check_port_free(listen: str) -> None:
+    """Fail before anything is started when http.listen is taken, in one clear line."""
+    if not listen:
+        return
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, int(port)))
+        except OSError as exc:
+            raise RuntimeError(
+                f"cannot listen on {listen}: {exc.strerror or exc}; choose another address, "
+                "e.g. FERRY_HTTP__LISTEN=127.0.0.1:9091 dev/try") from None
 
 
 class TryOut:
@@ -81,6 +113,7 @@ class TryOut:
         # Only a config named with --config: the host's /etc/ferry/ferry.toml is production's
         # (its remote cluster must not receive demo traffic).
         self.config = load_config(self.config_path, system_default=False, **self._overrides())
+        _check_port_free(self.config.http.listen)
         return self
 
     def _overrides(self) -> dict[str, Any]:
@@ -88,7 +121,9 @@ class TryOut:
         return {
             "buffer": {"path": r / "buffer", "max_bytes": 1024 ** 3},
             "socket": {"path": r / "ferry.sock", "mode": "0660"},
-            "http": {"listen": "127.0.0.1:9090"},
+            # FERRY_HTTP__LISTEN, when set, wins (load_config reads it): 9090 may be taken.
+            **({} if os.environ.get("FERRY_HTTP__LISTEN") else
+               {"http": {"listen": "127.0.0.1:9090"}}),
             "spool": {"dirs": [r / "spool"]},
             "kafka": {"local": {"bootstrap_servers": f"127.0.0.1:{self.port}"},
                       "remote": None},
@@ -97,13 +132,15 @@ class TryOut:
     def print_welcome(self) -> None:
         r = self.root
         http = self.config.http.listen
+        ferry = ferry_command()
         print(f"""
-Ferry is running in try-out mode (state in {r}, a tansu broker on 127.0.0.1:{self.port}).
+Ferry is running in try-out mode (state in {r}, a tansu broker on 127.0.0.1:{self.port}),
+listening on {r}/ferry.sock and http://{http}/.
 
-  send over the socket:   ferry send --socket-path {r}/ferry.sock --topic demo --value hello
+  send over the socket:   {ferry} send --socket-path {r}/ferry.sock --topic demo --value hello
   send over HTTP:         curl -i -X POST --data-binary hello http://{http}/topics/demo
   drop a spool file:      mkdir -p {r}/spool/demo && echo hello > {r}/spool/demo/x.txt
-  watch it:               http://{http}/   (or: ferry status --url http://{http})
+  watch it:               http://{http}/   (or: {ferry} status --url http://{http})
 
 Ctrl-C stops Ferry and the broker.
 """, flush=True)

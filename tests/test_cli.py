@@ -303,3 +303,98 @@ def test_try_out_says_so_at_once_when_its_broker_exits(
         tryout.TryOut(tmp_path / "state").__enter__()
     # Not the 10 s the port is waited for: the probe stops retrying once the broker exited.
     assert time.monotonic() - started < 8
+
+
+# -- try-out and a taken port ------------------------------------------------------------------
+@pytest.mark.usefixtures("stand_in_broker")
+def test_try_out_listens_where_ferry_http_listen_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent import tryout
+    from tests.kafka import free_port
+
+    listen = f"127.0.0.1:{free_port()}"
+    monkeypatch.setenv("FERRY_HTTP__LISTEN", listen)
+    with tryout.TryOut(tmp_path / "state") as trial:
+        assert trial.config.http.listen == listen
+
+
+@pytest.mark.usefixtures("stand_in_broker")
+def test_try_out_on_a_taken_port_says_so_in_one_line_and_stops_its_broker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    from agent import tryout
+    from agent.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        listen = f"127.0.0.1:{taken.getsockname()[1]}"
+        monkeypatch.setenv("FERRY_HTTP__LISTEN", listen)
+        trial = tryout.TryOut(tmp_path / "direct")
+        with pytest.raises(RuntimeError, match=f"cannot listen on {listen}"):
+            trial.__enter__()
+        assert trial.proc is not None and trial.proc.poll() is not None, "the broker still runs"
+        monkeypatch.chdir(tmp_path)
+        assert main(["run", "--try-out"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"ferry run --try-out: cannot listen on {listen}: Address already in use; "
+                   "choose another address, e.g. FERRY_HTTP__LISTEN=127.0.0.1:9091 dev/try"]
+
+
+def test_ferry_run_on_a_taken_port_exits_1_in_one_line_and_leaves_no_forwarder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import multiprocessing
+    import socket
+
+    from agent.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = write_config(tmp_path, "127.0.0.1:1")
+        text = config.read_text()  # the harness picked a free port: point it at the taken one
+        config.write_text(text.replace(text.split("listen = ")[1].split("\n")[0],
+                                       f'"127.0.0.1:{port}"'))
+        assert main(["run", "--config", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in err
+    assert "Traceback" not in err
+    assert multiprocessing.active_children() == []  # the forwarder was stopped, not orphaned
+
+
+def test_the_banner_comes_once_every_listener_is_open(tmp_path: Path) -> None:
+    """run_until_signalled calls ``started`` after the agent's start: HTTP answers and the
+    socket exists by then (try-out prints its banner there)."""
+    import socket
+
+    from agent.config import load_config
+    from agent.daemon import Agent, run_until_signalled
+    from agent.metrics import Registry
+
+    config = load_config(write_config(tmp_path, "127.0.0.1:1"))
+    agent = Agent(config, registry=Registry())
+    seen: list[bool] = []
+
+    def started() -> None:
+        host, _, port = config.http.listen.rpartition(":")
+        socket.create_connection((host, int(port)), timeout=5).close()  # listening
+        seen.append(Path(str(config.socket.path)).exists())
+        agent.stop_requested.set()
+
+    assert run_until_signalled(agent, started=started) == 0
+    assert seen == [True]
+
+
+def test_the_printed_ferry_command_works_as_printed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent import tryout
+
+    monkeypatch.setattr(sys, "argv", [".venv/bin/ferry", "run", "--try-out"])
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert tryout.ferry_command() == ".venv/bin/ferry"  # dev/try puts nothing on PATH
+    monkeypatch.setattr(sys, "argv", ["-c"])
+    assert tryout.ferry_command() == f"{sys.executable} -m agent.cli"
