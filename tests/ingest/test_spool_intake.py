@@ -52,6 +52,17 @@ def _age(path: Path, seconds: float = 60) -> None:
     os.utime(path, (past, past))
 
 
+def _drop_aged(path: Path, data: bytes) -> Path:
+    """Put a file finished long ago where a running agent sees it: written and aged under a
+    temporary name, then renamed into place (the agent may claim it the instant it appears,
+    so it cannot be aged afterwards)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    _age(tmp)
+    os.rename(tmp, path)
+    return path
+
+
 def test_binary_and_hand_made_files_reach_kafka(
     tmp_path: Path, session_broker: Broker, unique_topic: str
 ) -> None:
@@ -63,12 +74,9 @@ def test_binary_and_hand_made_files_reach_kafka(
                         headers=(("h", b"v"),))
             for i in range(300)])
         (spool / unique_topic).mkdir()
-        jsonl = spool / unique_topic / "people.jsonl"
-        jsonl.write_text('{"value": "j-1", "key": "jk"}\n{"value": "j-2", "partition_key": 7}\n')
-        txt = spool / unique_topic / "lines.txt"
-        txt.write_text("t-1\nt-2\nt-3\n")
-        _age(jsonl)
-        _age(txt)
+        jsonl = _drop_aged(spool / unique_topic / "people.jsonl",
+                           b'{"value": "j-1", "key": "jk"}\n{"value": "j-2", "partition_key": 7}\n')
+        txt = _drop_aged(spool / unique_topic / "lines.txt", b"t-1\nt-2\nt-3\n")
         agent.stages[-1].wake()  # type: ignore[attr-defined]
         got = consume_all(session_broker.bootstrap, unique_topic, 305, timeout=30)
         wait_until(lambda: not any(spool.rglob("*.ferry")) and not jsonl.exists()
@@ -96,20 +104,16 @@ def test_corrupt_and_truncated_files_are_quarantined_and_never_partly_ingested(
         good = write_spool_file(elsewhere, "good.ferry",
                                 [SpoolRecord(unique_topic, b"good-%d" % i) for i in range(50)])
         data = good.read_bytes()
-        truncated = spool / "truncated.ferry"
-        truncated.write_bytes(data[: len(data) - 7])
+        # Aged: a fresh broken binary file may still be being written in place.
+        _drop_aged(spool / "truncated.ferry", data[: len(data) - 7])
         flipped = bytearray(data)
         flipped[len(flipped) // 2] ^= 0xFF
-        corrupt = spool / "corrupt.ferry"
-        corrupt.write_bytes(bytes(flipped))
+        _drop_aged(spool / "corrupt.ferry", bytes(flipped))
         (spool / unique_topic).mkdir()
-        bad_json = spool / unique_topic / "bad.jsonl"
-        bad_json.write_text('{"value": "fine"}\n{"value": \n')
+        _drop_aged(spool / unique_topic / "bad.jsonl", b'{"value": "fine"}\n{"value": \n')
         # Ignored, never read: a writer's temporary files.
         (spool / ".half-written.ferry.1234.tmp").write_bytes(data[:20])
         (spool / "still-writing.tmp").write_bytes(data[:20])
-        for f in (truncated, corrupt, bad_json):
-            _age(f)
         agent.stages[-1].wake()  # type: ignore[attr-defined]
         quarantine = spool / "quarantine"
         wait_until(lambda: len(list(quarantine.rglob("*.reason"))) == 3, timeout=20,

@@ -43,7 +43,7 @@ from spool.format import (
 from spool.reader import open_spool_file, read_spool_file, verify
 from spool.writer import write_spool_file
 from tests.agent_harness import write_config
-from tests.kafka import Broker, read_topic
+from tests.kafka import Broker, consume_all
 from tests.reliability.harness import Agent, metric_total
 from tests.waiting import wait_until
 
@@ -586,7 +586,8 @@ def test_a_spool_file_the_reader_chokes_on_is_quarantined_and_blocks_nothing(
     good = write_spool_file(spool, "z-good.ferry", [SpoolRecord(unique_topic, b"after bad")])
     stuck = []
     try:
-        wait_until(lambda: not good.exists(), timeout=20,
+        wait_until(lambda: not good.exists()
+                   and not (spool / ".ingesting" / good.name).exists(), timeout=20,
                    message="the good file after the bad one ingested")
     except AssertionError as exc:
         stuck.append(str(exc))
@@ -595,5 +596,5 @@ def test_a_spool_file_the_reader_chokes_on_is_quarantined_and_blocks_nothing(
     bad.unlink(missing_ok=True)
     assert not stuck, f"{stuck[0]}; agent log: {agent.log_tail(8)}"
     assert quarantined, "the bad file is quarantined"
-    got = {m.value for m in read_topic(session_broker.bootstrap, unique_topic)}
+    got = {m.value for m in consume_all(session_broker.bootstrap, unique_topic, 1, timeout=20)}
     assert b"after bad" in got
