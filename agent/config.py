@@ -101,6 +101,20 @@ class HttpConfig(_Section):
     # Largest body POST /topics/{topic}/batch takes (413 above); each message of it is still
     # limited by its topic's max_message_bytes.
     max_batch_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    # Limits of the HTTP exchange itself (agent/ingest/http/protocol.py, docs/http.md).
+    # A request line longer than max_request_line_bytes is answered 414; headers over
+    # max_header_bytes in all, or more than max_headers of them, 431. Both are closed.
+    max_request_line_bytes: int = Field(default=8 * 1024, ge=256)
+    max_header_bytes: int = Field(default=32 * 1024, ge=1024)
+    max_headers: int = Field(default=100, ge=8)
+    # Open connections at most; 0: as many as the descriptor limit allows (RLIMIT_NOFILE,
+    # less a reserve for the buffer, the datagram socket and the spool intake). Either way
+    # the cap never exceeds what the limit allows. At the cap, the connection idle longest
+    # is closed to make room; with none idle, the new one is answered 503.
+    max_connections: int = Field(default=0, ge=0)
+    # Topics whose name starts with "__" (Kafka's own, e.g. __consumer_offsets) are refused
+    # unless listed here or defined in [topics].
+    internal_topics: list[str] = Field(default_factory=list)
 
     @field_validator("listen")
     @classmethod

@@ -48,3 +48,16 @@ def publish(topic: str, body: bytes, *headers: bytes, version: bytes = b"1.1") -
     lines = [b"POST /topics/" + topic.encode() + b" HTTP/" + version, b"Host: x",
              b"Content-Length: %d" % len(body), *headers]
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+def split_answers(data: bytes) -> list[bytes]:
+    """The answers in ``data`` (each with a Content-Length), in order."""
+    answers = []
+    while data:
+        head_end = data.index(b"\r\n\r\n")
+        head = data[:head_end].lower()
+        length = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
+        end = head_end + 4 + length
+        answers.append(data[:end])
+        data = data[end:]
+    return answers

@@ -135,7 +135,7 @@ def test_schema_may_be_given_as_an_object(managed: Served) -> None:
 def test_bad_bodies(managed: Served, content: bytes, ctype: str, status: int) -> None:
     r = managed.client.post("/topics", content=content, headers={"Content-Type": ctype})
     assert r.status_code == status
-    assert set(r.json()) == {"error", "message"}
+    assert set(r.json()) == {"error", "code", "message"}
     assert managed.client.get("/topics/x").status_code == 404
 
 

@@ -1,8 +1,9 @@
-"""protocol.py: publishes whose body came with their headers skip ASGI (``Publisher.direct``);
-everything else, and every odd case of the HTTP exchange, still behaves as uvicorn's path does.
+"""protocol.py: every publish goes to ``Publisher.direct`` with its whole body, without ASGI,
+however its bytes arrive; every odd case of the HTTP exchange (pipelining, Expect, close,
+shutdown, clients that leave) is answered in order and correctly.
 
 Requests are written on raw sockets, so what arrives together is under the test's control.
-Which path served a request is observed with a spy on the ASGI entry (``Publisher.__call__``).
+That no publish took the ASGI path is observed with a spy on its entry (``Publisher.__call__``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 from agent.buffer import keys
-from agent.ingest.http.protocol import _Direct
+from agent.ingest.http.protocol import Request
 from agent.ingest.http.publish import Publisher
 from tests.http import raw
 from tests.http.harness import Served
@@ -53,7 +54,7 @@ def test_a_publish_that_came_whole_is_answered_without_asgi(
         sock.sendall(batch_request)
         (batch,) = raw.read_answers(sock, 1)
     assert single.startswith(b"HTTP/1.1 202 Accepted\r\n")
-    assert b"\r\ndate: " in single  # uvicorn's default headers, as on the ASGI path
+    assert b"\r\ndate: " in single
     assert b"\r\nferry-message-id: " in single and b"\r\nhermes-message-id: " in single
     assert batch.startswith(b"HTTP/1.1 415 ")  # refusals are answered directly too
     assert asgi_calls == []
@@ -63,18 +64,21 @@ def test_a_publish_that_came_whole_is_answered_without_asgi(
     assert served.counter("messages_received", source="http") == 2
 
 
-def test_a_body_still_coming_goes_the_asgi_way_and_is_stored_whole(
+def test_a_body_still_coming_is_stored_whole_once_it_is_in(
     served: Served, asgi_calls: list[str]
 ) -> None:
     request = raw.publish("late", b"0123456789")
     with raw.connect(served) as sock:
         sock.sendall(request[:-4])
-        wait_until(lambda: asgi_calls == ["late"], timeout=WAIT,
-                   message="the request handed to ASGI")
+        sock.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            sock.recv(1)  # nothing is answered before the body is whole
+        sock.settimeout(raw.TIMEOUT)
         sock.sendall(request[-4:])
         (answer,) = raw.read_answers(sock, 1)
     assert answer.startswith(b"HTTP/1.1 202 ")
     assert _values(served, "late") == [b"0123456789"]
+    assert asgi_calls == []
 
 
 def test_pipelined_requests_of_both_paths_are_answered_in_order(
@@ -110,10 +114,10 @@ def test_a_publish_behind_one_waiting_for_kafka_is_answered_after_it(
     assert b'"delivered":false' in first and b"second" not in first
     assert second.startswith(b"HTTP/1.1 202 ")
     assert _values(served, "waits") == [b"first"] and _values(served, "quick") == [b"second"]
-    assert asgi_calls == ["quick"]  # queued behind the first, the uvicorn way
+    assert asgi_calls == []
 
 
-def test_expect_100_continue_is_answered_by_uvicorn(served: Served) -> None:
+def test_expect_100_continue_is_answered(served: Served) -> None:
     with raw.connect(served) as sock:
         sock.sendall(raw.publish("c", b"", b"Expect: 100-continue").replace(
             b"Content-Length: 0", b"Content-Length: 4"))
@@ -151,7 +155,7 @@ def test_other_spellings_of_a_publish_path_still_publish(
         sock.sendall(raw.publish("t", b"v").replace(b"/topics/t", path, 1))
         (answer,) = raw.read_answers(sock, 1)
     assert answer.startswith(b"HTTP/1.1 202 ")
-    assert asgi_calls == [topic]
+    assert asgi_calls == []
     assert _values(served, topic) == [b"v"]
 
 
@@ -168,7 +172,7 @@ def test_stopping_answers_a_direct_publish_in_flight_then_closes(served: Served)
         answer = raw.read_until_closed(sock)
         stopper.join(WAIT)
     assert not stopper.is_alive()
-    # Answered, whether before or after uvicorn turned keep-alive off; then closed.
+    # Answered, then closed (a server stopping keeps no connection alive).
     assert answer.startswith(b"HTTP/1.1 202 ") and answer.count(b"HTTP/1.1 ") == 1
     assert _values(served, "s") == [b"in flight"]
 
@@ -192,14 +196,14 @@ def test_a_client_gone_before_its_commit_leaves_the_server_serving(served: Serve
 
 def test_a_long_keep_alive_connection_does_not_keep_its_past_requests(served: Served) -> None:
     def alive() -> int:
-        return sum(type(o) is _Direct for o in gc.get_objects())
+        return sum(type(o) is Request for o in gc.get_objects())
 
     with raw.connect(served) as sock:
         for i in range(30):
             sock.sendall(raw.publish("kept", b"%d" % i))
             raw.read_answers(sock, 1)
-        # The last request stays where uvicorn keeps the current one; not its predecessors.
-        assert 1 <= alive() <= 2
+        # Answered requests are not kept by their connection.
+        assert alive() <= 1
     assert len(_values(served, "kept")) == 30
 
 

@@ -33,7 +33,8 @@ AVRO_SCHEMA = {
 
 def _error(response: httpx.Response) -> dict[str, str]:
     doc = response.json()
-    assert set(doc) == {"error", "message"}, doc
+    # One shape (errors.py): Hermes clients read "code" and "message".
+    assert set(doc) == {"error", "code", "message"} and doc["code"] == doc["error"], doc
     assert response.headers["content-type"] == "application/json"
     return dict(doc)
 

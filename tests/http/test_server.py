@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import socket
 import sys
@@ -11,7 +10,6 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from agent.ingest.http.protocol import _CorkedTransport, _Flusher
 from agent.ingest.http.server import (
     GC_GEN0_THRESHOLD,
     SWITCH_INTERVAL,
@@ -91,46 +89,3 @@ def test_serving_freezes_the_startup_heap_and_raises_the_young_gc_threshold(
     finally:
         gc.unfreeze()
         gc.set_threshold(*original)
-
-
-class _Transport:
-    """Stands in for uvloop's transport: records writes; may fail like a reset one."""
-
-    def __init__(self, *, broken: bool = False, closing: bool = False) -> None:
-        self.written: list[bytes] = []
-        self.broken = broken
-        self.closing = closing
-
-    def write(self, data: bytes) -> None:
-        if self.broken or self.closing:
-            raise RuntimeError("unable to perform operation on <TCPTransport closed=True>; "
-                               "the handler is closed")
-        self.written.append(data)
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-
-@pytest.mark.parametrize("first", [_Transport(broken=True), _Transport(closing=True)],
-                         ids=["write-raises", "closing"])
-def test_one_connection_that_cannot_be_written_does_not_hold_back_the_others(
-    first: _Transport,
-) -> None:
-    """A client that reset its connection between its answer being corked and the flush (a
-    race real HTTP cannot force, hence the stand-in transports): the answers corked for the
-    other connections in the same loop iteration still leave at once."""
-    loop = asyncio.new_event_loop()
-    try:
-        flusher = _Flusher(loop)
-        other = _Transport()
-        a = _CorkedTransport(first, flusher)  # type: ignore[arg-type]
-        b = _CorkedTransport(other, flusher)  # type: ignore[arg-type]
-        a.write(b"answer-a")
-        b.write(b"answer-b")
-        loop.run_until_complete(asyncio.sleep(0))  # the flush runs at the iteration's end
-        assert other.written == [b"answer-b"]
-        b.write(b"next-b")  # and b is not left believing a flush is still pending
-        loop.run_until_complete(asyncio.sleep(0))
-        assert other.written == [b"answer-b", b"next-b"]
-    finally:
-        loop.close()

@@ -101,7 +101,7 @@ class FerryApp:
             return json_response({"ready": True, "reason": reason})
         retry = 1.0 if self.runtime.phase is Phase.STARTING else 5.0
         return json_response(
-            {"ready": False, "reason": reason, "error": "not_ready",
+            {"ready": False, "reason": reason, "error": "not_ready", "code": "not_ready",
              "message": _NOT_READY.get(reason, reason)},
             503, {"Retry-After": retry_after_header(retry).decode()})
 
@@ -138,11 +138,29 @@ def _check_config_topics(runtime: Runtime) -> None:
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
+    status = exc.status_code
+    headers = dict(exc.headers or {})
+    path = request.url.path
+    publish_path = _publish_path(path)
+    if publish_path:
+        # POST is served before Starlette's router (the publish path), so the router does
+        # not know it; it belongs in Allow all the same.
+        allow = [m.strip() for m in headers.get("Allow", "").split(",") if m.strip()]
+        headers["Allow"] = ", ".join(["POST", *allow])
+        status = 405
     codes = {404: "not_found", 405: "method_not_allowed"}
-    message = {404: f"no such resource: {request.url.path}",
-               405: f"{request.method} is not allowed on {request.url.path}"}
-    return json_error(exc.status_code, codes.get(exc.status_code, "http_error"),
-                      message.get(exc.status_code, str(exc.detail)), dict(exc.headers or {}))
+    message = {404: f"no such resource: {path}",
+               405: f"{request.method} is not allowed on {path}"}
+    return json_error(status, codes.get(status, "http_error"),
+                      message.get(status, str(exc.detail)), headers)
+
+
+def _publish_path(path: str) -> bool:
+    """``/topics/{topic}`` or ``/topics/{topic}/batch``: a path POST publishes to."""
+    if not path.startswith(_PREFIX):
+        return False
+    parts = path[len(_PREFIX):].split("/")
+    return bool(parts[0]) and (len(parts) == 1 or (len(parts) == 2 and parts[1] == "batch"))
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:

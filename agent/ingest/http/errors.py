@@ -1,4 +1,7 @@
-"""Error answers: one JSON shape, ``{"error": "<code>", "message": "<why>"}``, everywhere."""
+"""Error answers: one JSON shape for every 4xx and 5xx, everywhere on the listener:
+``{"error": "<code>", "code": "<code>", "message": "<why>"}``. ``code`` is the field Hermes
+clients read (with ``message``); ``error`` is Ferry's older name for it, kept for its own
+clients."""
 
 from __future__ import annotations
 
@@ -10,7 +13,8 @@ JSON_CONTENT_TYPE = b"application/json"
 
 
 def error_body(error: str, message: str) -> bytes:
-    return json.dumps({"error": error, "message": message}, ensure_ascii=False).encode()
+    return json.dumps({"error": error, "code": error, "message": message},
+                      ensure_ascii=False).encode()
 
 
 class HttpError(Exception):

@@ -1,392 +1,631 @@
-"""The HTTP listener's connection protocol: uvicorn's httptools protocol, adapted.
+"""The HTTP listener's connection protocol: Ferry's own, over httptools' public parser.
 
-Three changes to uvicorn's ``HttpToolsProtocol``, each measured or needed (docs/http.md):
+One ``HttpProtocol`` per connection, an ``asyncio.Protocol`` feeding
+``httptools.HttpRequestParser``. It owns every limit of the exchange (docs/http.md):
 
-- Corked writes (``_CorkedTransport``): a connection's writes of one loop iteration leave as
-  one write.
-- A deadline for a request's headers (uvicorn has none): a connection that never finishes
-  its headers is closed.
-- Direct publishes: ``POST /topics/{topic}`` and ``.../batch`` whose whole body came with the
-  headers (nearly all of them) go to ``Publisher.direct`` without ASGI: no task, no scope,
-  no receive/send messages, one write for the answer. For a small publish, uvicorn's ASGI
-  plumbing cost more than the publish itself. Anything else (other routes, a body still
-  coming, ``Expect: 100-continue``, an encoded or query-carrying path) takes uvicorn's ASGI
-  path as before, and so does a publish whose body turns out to be incomplete.
+- the request line (414), the headers' bytes and count (431), the body (413, per route:
+  the topic's ``max_message_bytes``, ``http.max_batch_bytes`` for a batch, 1 MiB for the
+  rest). Header bytes are counted before they reach the parser, so a huge header costs
+  nothing but the bytes read up to the limit;
+- one deadline per connection, whatever it is waiting for: the next request's headers
+  (``header_timeout_seconds``, from the connection's start or the last answer), its body
+  (``body_timeout_seconds``, 408), or nothing after an answer (``keep_alive_seconds``).
+  It applies after *every* answer, however early it came;
+- the connection cap of ``Connections``.
+
+Requests are answered one at a time and in order (pipelining): a request parsed while
+another is being answered waits in the connection's queue. Any answer given before a
+request's body was read whole (413, 431, 400 for bytes the parser refused, 408) closes the
+connection after it, so nothing half-read is left behind; requests parsed before the bad
+bytes are answered first (a publish stored before garbage gets its 2xx).
+
+Publishes (``POST /topics/{topic}`` and ``.../batch``) go to ``Publisher.direct`` with their
+whole body, without ASGI. Every other route goes to the ASGI app (Starlette: management,
+status probes, /metrics) through ``asgi.py``, with the body already read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import email.utils
 import functools
+import http
 import logging
+import time
+import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+import httptools
 
+from agent.ingest.http.errors import HttpError
 from agent.ingest.http.publish import Reply
 
 log = logging.getLogger(__name__)
 
 # Publisher.direct(topic, batch, headers, body, reply).
 DirectPublish = Callable[[str, bool, list[tuple[bytes, bytes]], bytes, Reply], None]
+# The body limit of a publish: body_limit(topic, batch) -> bytes, and its 413.
+BodyLimit = Callable[[str, bool], int]
+TooLarge = Callable[[str, bool, int], HttpError]
+# Runs a request on the ASGI app and calls back with the answer (asgi.py).
+AsgiRun = Callable[["HttpProtocol", "Request", Reply], None]
+# Counts a refusal the protocol answered itself: refused(publish, batch, error).
+Refused = Callable[[bool, bool, HttpError], None]
 
+OTHER_BODY_LIMIT = 1024 * 1024  # routes other than publishing: topic definitions at most
+MAX_QUEUED = 32  # pipelined requests parsed ahead of their answer before reading pauses
 _TOPICS = b"/topics/"
-_BATCH = b"/batch"
-_CONNECTION_CLOSE = b"connection: close\r\n"
+_BATCH = b"batch"
+_STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode())
+                 for s in http.HTTPStatus}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# After a refusal, how long and how much of what the client still sends is read and dropped
+# before the connection closes (HttpProtocol._linger).
+LINGER_SECONDS = 2.0
+LINGER_BYTES = 4 * 1024 * 1024
 
 
-class _Flusher:
-    """Flushes every corked connection that wrote in a loop iteration, with one callback."""
+class Limits:
+    """The limits of one server (``http`` config section)."""
 
-    __slots__ = ("loop", "_dirty")
+    __slots__ = ("request_line", "header_bytes", "headers", "header_timeout", "body_timeout",
+                 "keep_alive")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._dirty: list[_CorkedTransport] = []
-
-    def add(self, corked: _CorkedTransport) -> None:
-        if not self._dirty:
-            self.loop.call_soon(self._run)
-        self._dirty.append(corked)
-
-    def _run(self) -> None:
-        dirty, self._dirty = self._dirty, []
-        for corked in dirty:
-            try:
-                corked.flush()
-            except Exception:  # noqa: BLE001 - one broken connection must not hold the rest
-                log.debug("dropping the answer to a connection that failed", exc_info=True)
-
-
-class _CorkedTransport:
-    """Hands a connection's writes of one loop iteration to the socket as one write.
-
-    uvicorn writes a response's status line and headers, then its body, as two writes; on
-    loopback TCP each write is a packet the kernel delivers right away, which costs more than
-    the publish handler itself (measured: ~30 us of ~75 us per small request). Collecting the
-    writes and flushing them once, later in the same loop iteration, sends one packet. One
-    ``_Flusher`` callback per iteration flushes all connections that wrote.
-    """
-
-    __slots__ = ("_transport", "_pending", "_flusher")
-
-    def __init__(self, transport: asyncio.Transport, flusher: _Flusher) -> None:
-        self._transport = transport
-        self._pending: list[bytes] = []
-        self._flusher = flusher
-
-    def write(self, data: bytes) -> None:
-        if not self._pending:
-            self._flusher.add(self)
-        self._pending.append(data)
-
-    def flush(self) -> None:
-        pending = self._pending
-        if pending:
-            self._pending = []
-            if self._transport.is_closing():
-                return  # the peer went away (reset) before its answer left: nobody to tell
-            self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
-
-    def write_now(self, data: bytes) -> None:
-        """Write at once: one write that is a whole answer needs no corking. Writes of this
-        iteration still waiting go first (they answered earlier requests)."""
-        if self._pending:
-            self.write(data)
-        else:
-            self._transport.write(data)
-
-    def close(self) -> None:
-        self.flush()
-        self._transport.close()
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def pause_reading(self) -> None:
-        self._transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        self._transport.resume_reading()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._transport.get_extra_info(name, default)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
-class _NoEvent:
-    """Stands for uvicorn's per-request ``asyncio.Event``: a direct publish needs none."""
-
-    __slots__ = ()
-
-    def set(self) -> None:
-        pass
-
-
-class _Direct:
-    """A publish answered without ASGI (``Publisher.direct``).
-
-    It stands where uvicorn keeps a request's cycle (``self.cycle``), with the attributes
-    uvicorn's own code reads and writes there, so its handling of pipelining (a request that
-    arrives while this one is being answered waits in uvicorn's queue), of a lost connection
-    and of a graceful shutdown (``keep_alive`` turned off: the connection closes after the
-    answer) applies unchanged.
-    """
-
-    __slots__ = ("topic", "batch", "previous", "parts", "keep_alive", "response_complete",
-                 "disconnected")
-    message_event = _NoEvent()
-
-    def __init__(self, topic: str, batch: bool, previous: Any, keep_alive: bool) -> None:
-        self.topic = topic
-        self.batch = batch
-        self.previous = previous  # uvicorn's cycle before this one (done, or None)
-        # The body so far; None once handed to the publisher.
-        self.parts: list[bytes] | None = []
+    def __init__(self, *, request_line: int, header_bytes: int, headers: int,
+                 header_timeout: float, body_timeout: float, keep_alive: float) -> None:
+        self.request_line = request_line
+        self.header_bytes = header_bytes
+        self.headers = headers
+        self.header_timeout = header_timeout
+        self.body_timeout = body_timeout
         self.keep_alive = keep_alive
-        self.response_complete = False
-        self.disconnected = False
+
+
+class Connections:
+    """The open connections of one server, and its cap.
+
+    At the cap, a new connection closes the one that has waited longest for a request: idle
+    after an answer, never sending one, or still sending its headers or body (a slow or
+    stalled client), or lingering after a refusal. Connections waiting for the client,
+    however many, never lock new clients out. Only connections whose request is being
+    answered are safe; when all are, the new one is answered 503 and closed. ``idle`` holds
+    the waiting ones in the order they began to wait: the first has waited longest.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.open: set[HttpProtocol] = set()
+        self.idle: dict[HttpProtocol, None] = {}
+        self.stopping = False
+        self.evicted = 0
+        self.refused = 0
+
+    def admit(self, conn: HttpProtocol) -> bool:
+        if len(self.open) >= self.cap:
+            if not self.idle:
+                self.refused += 1
+                return False
+            oldest = next(iter(self.idle))
+            self.evicted += 1
+            oldest.close()
+        self.open.add(conn)
+        return True
+
+    def set_idle(self, conn: HttpProtocol) -> None:
+        self.idle.pop(conn, None)
+        self.idle[conn] = None
+
+    def set_busy(self, conn: HttpProtocol) -> None:
+        self.idle.pop(conn, None)
+
+    def gone(self, conn: HttpProtocol) -> None:
+        self.open.discard(conn)
+        self.idle.pop(conn, None)
+
+    def close_idle(self) -> None:
+        for conn in list(self.idle):
+            conn.close()
+
+
+class Request:
+    """One parsed request."""
+
+    __slots__ = ("method", "url", "headers", "parts", "size", "limit", "keep_alive",
+                 "version", "topic", "batch", "error", "encoding", "publish")
+
+    def __init__(self) -> None:
+        self.method = b""
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.limit = OTHER_BODY_LIMIT
+        self.keep_alive = True
+        self.version = "1.1"
+        self.topic = ""
+        self.batch = False
+        self.publish = False
+        self.encoding: bytes | None = None
+        # Answer this instead of running the request, then close (a limit, a parse error).
+        self.error: HttpError | None = None
+
+    @property
+    def body(self) -> bytes:
+        parts = self.parts
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     @classmethod
-    def ignored(cls) -> _Direct:
-        """A request that is neither run nor answered."""
-        cycle = cls("", False, None, False)
-        cycle.parts = None
-        cycle.response_complete = True
-        return cycle
+    def refusal(cls, error: HttpError, of: Request | None) -> Request:
+        """A stand-in for ``of`` (the request being parsed, if any): answer ``error``."""
+        request = cls()
+        request.error = error
+        request.keep_alive = False
+        if of is not None:
+            request.method, request.url = of.method, of.url
+            request.topic, request.batch, request.publish = of.topic, of.batch, of.publish
+        return request
 
 
-class HttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, corked, with a header deadline and direct publishes.
+class _Stop(Exception):
+    """Raised from a parser callback: a request begins after one that closes the connection
+    (``Connection: close``); it is neither run nor answered."""
 
-    uvicorn times out a connection idle *after* a response (keep-alive) and a body that stops
-    arriving, but not a connection that never sends a request or stops halfway through its
-    headers: each such connection would hold a descriptor for good, and enough of them (a
-    slow or broken client, a port scanner) starve the listener. The deadline runs from the
-    connection's start, and from each response's end, to the end of the next request's
-    headers. After a response, a connection that sends nothing at all is closed sooner, at
-    uvicorn's keep-alive timeout (``timeout_keep_alive``), as uvicorn would.
 
-    One timer per connection for both, not one per request (uvicorn arms and cancels a
-    keep-alive timer per request: measurable at tens of thousands of requests a second): a
-    request only notes when the connection started waiting for headers (``_waiting_since``,
-    None while a request is past its headers) and whether nothing came since a response
-    (``_quiet``). When the timer fires it closes the connection if that wait is over its
-    limit, and otherwise sleeps again for what is left of it.
-    """
+class _Fatal(Exception):
+    """Raised from a parser callback to stop parsing: the request is refused (``error``)."""
 
-    header_timeout: float = 10.0  # set per server by ``protocol_class``
-    publish_direct: DirectPublish | None = None  # likewise; None: every request via ASGI
-    _flusher: _Flusher | None = None  # per server class: one server, one loop
-    _header_deadline: asyncio.TimerHandle | None = None
-    _waiting_since: float | None = None
-    _quiet = False  # nothing received since the last response
-    # What the parser is in the middle of: None (between requests), "headers" or "body".
-    _reading: str | None = None
+    def __init__(self, error: HttpError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        loop = asyncio.get_running_loop()
-        flusher = type(self)._flusher
-        if flusher is None or flusher.loop is not loop:
-            flusher = type(self)._flusher = _Flusher(loop)
-        corked = _CorkedTransport(transport, flusher)
-        super().connection_made(corked)  # type: ignore[arg-type]
-        self._wait_for_headers()
 
-    def on_message_begin(self) -> None:
-        # uvicorn's, but the ASGI scope is built only for a request that goes the ASGI way
-        # (``_asgi_scope``): a direct publish never reads it.
-        self.url = b""
-        self.expect_100_continue = False
-        self.headers = []
-        self.scope = None  # type: ignore[assignment]
-        self._reading = "headers"
+class DateHeader:
+    """The ``date`` header, formatted once a second rather than per answer."""
 
-    def _asgi_scope(self) -> None:
-        """Build this request's ASGI scope (uvicorn's ``on_message_begin``), keeping what the
-        parser has told so far."""
-        url, headers, expect = self.url, self.headers, self.expect_100_continue
-        super().on_message_begin()
-        self.url, self.headers, self.expect_100_continue = url, headers, expect
-        self.scope["headers"] = headers
+    __slots__ = ("_second", "_value")
 
-    def on_headers_complete(self) -> None:
-        self._waiting_since = None
-        self._reading = "body"
-        if self.transport.is_closing():
-            # An answer given within this read closed the connection, and the parser goes
-            # on through what was pipelined behind it: nobody could be told what became of
-            # this request, so it is not run, whichever way it would have gone.
-            self.cycle = _Direct.ignored()  # type: ignore[assignment]
-            return
-        direct = self._direct()
-        if direct is None:
-            self._asgi_scope()
-            super().on_headers_complete()
-        else:
-            self.cycle = direct  # type: ignore[assignment]
+    def __init__(self) -> None:
+        self._second = -1
+        self._value = b""
 
-    def on_body(self, body: bytes) -> None:
-        cycle: Any = self.cycle
-        if type(cycle) is _Direct:
-            if cycle.parts is not None:
-                cycle.parts.append(body)
-        else:
-            super().on_body(body)
+    def get(self) -> bytes:
+        now = int(time.time())
+        if now != self._second:
+            self._second = now
+            self._value = b"date: " + email.utils.formatdate(now, usegmt=True).encode() + b"\r\n"
+        return self._value
 
-    def on_message_complete(self) -> None:
-        self._reading = None
-        cycle: Any = self.cycle
-        if type(cycle) is not _Direct:
-            super().on_message_complete()
-            if cycle is not None and cycle.response_complete and not self.pipeline:
-                # Answered before its body was all in (a refusal): the wait for the next
-                # request starts now, not at that answer (on_response_complete).
-                self._wait_for_headers(after_response=True)
-            return
-        parts = cycle.parts
-        if parts is None:
-            return
-        cycle.parts = None
-        cycle.previous = None  # or every direct publish of a connection stays referenced
-        body = parts[0] if len(parts) == 1 else b"".join(parts)
-        publish = self.publish_direct
-        assert publish is not None
-        publish(cycle.topic, cycle.batch, self.headers, body,
-                functools.partial(self._reply, cycle))
 
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if self._reading is not None:
-            # Part of a request is in (perhaps after an answer given within this read, which
-            # started a keep-alive wait): the connection is not idle.
-            self._quiet = False
-        cycle: Any = self.cycle
-        if (type(cycle) is _Direct and cycle.parts is not None
-                and not self.transport.is_closing()):
-            self._to_asgi(cycle)
+class HttpProtocol(asyncio.Protocol):
+    """One HTTP/1.1 connection (see the module's docstring)."""
 
-    def _direct(self) -> _Direct | None:
-        """A ``_Direct`` for this request if it is a publish that may go without ASGI."""
-        if (self.publish_direct is None or self.expect_100_continue or self.pipeline
-                or self.flow.write_paused):
-            return None  # the last: the client is not reading; uvicorn's send() waits
-        previous = self.cycle
-        if previous is not None and not previous.response_complete:
-            return None  # a request before it is still being answered: keep the order
-        url = self.url
-        parser = self.parser
-        if (not url.startswith(_TOPICS) or parser.get_method() != b"POST"
-                or not url.isascii() or b"?" in url or b"%" in url or b"#" in url
-                or parser.should_upgrade()):
-            return None
-        rest = url[len(_TOPICS):]
-        slash = rest.find(b"/")
-        if slash < 0 and rest:
-            topic, batch = rest, False
-        elif slash > 0 and rest[slash:] == _BATCH:
-            topic, batch = rest[:slash], True
-        else:
-            return None  # not a publish path: the app's router answers it
-        keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
-        return _Direct(topic.decode("ascii"), batch, previous, keep_alive)
+    def __init__(self, *, limits: Limits, connections: Connections, date: DateHeader,
+                 publish: DirectPublish, body_limit: BodyLimit, too_large: TooLarge,
+                 refused: Refused, gone: Callable[[bool], None], asgi: AsgiRun) -> None:
+        self.limits = limits
+        self.connections = connections
+        self.date = date
+        self.publish = publish
+        self.body_limit = body_limit
+        self.too_large = too_large
+        self.refused = refused
+        self.gone = gone
+        self.asgi = asgi
+        self.loop = asyncio.get_running_loop()
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.request: Request | None = None  # being parsed
+        self.current: Request | None = None  # being answered
+        self.queue: collections.deque[Request] = collections.deque()
+        self.parsing: str | None = None  # None (between requests), "headers" or "body"
+        self.stopped = False  # no more parsing: a refusal, a close, the peer gone
+        self.closed = False
+        self.write_paused = False
+        self.read_paused = False
+        self.lingering = False
+        self.lingered = 0
+        self.lost: asyncio.Future[None] | None = None
+        # The deadline: when the current wait began, and whether it follows an answer.
+        self.since = self.loop.time()
+        self.after_answer = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.head_bytes = 0  # header bytes read while the headers were incomplete
+        self.head_parsed = 0  # header bytes the parser handed over
+        self.head_count = 0
+        self.tail = b""
 
-    def _to_asgi(self, cycle: _Direct) -> None:
-        """The body is still coming: the request goes uvicorn's way after all, as if it had
-        always gone (its body deadline applies there)."""
-        parts = cycle.parts or []
-        self.cycle = cycle.previous
-        self._asgi_scope()
-        super().on_headers_complete()
-        for part in parts:
-            super().on_body(part)
-
-    def _reply(self, cycle: _Direct, status: int, headers: list[tuple[bytes, bytes]],
-               body: bytes) -> None:
-        """Send a direct publish's answer (one write), as uvicorn would send an ASGI one."""
-        cycle.response_complete = True
-        transport = self.transport
-        if cycle.disconnected or transport.is_closing():
-            return  # stored or not, nobody is there to hear it
-        keep_alive = cycle.keep_alive
-        said_close = False
-        out = [STATUS_LINE[status]]
-        for name, value in self.server_state.default_headers:  # Date
-            out += (name, b": ", value, b"\r\n")
-        for name, value in headers:
-            if name == b"connection":  # the publisher only ever says "close"
-                keep_alive, said_close = False, True
-            out += (name, b": ", value, b"\r\n")
-        if not keep_alive and not said_close:
-            out.append(_CONNECTION_CLOSE)
-        out += (b"\r\n", body)
-        transport.write_now(b"".join(out))  # type: ignore[attr-defined]
-        if not keep_alive:
+    # -- connection ------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses; they have its methods.
+        transport = self.transport = cast(asyncio.Transport, transport)
+        if self.connections.stopping or not self.connections.admit(self):
+            err = HttpError(503, "too_many_connections",
+                            "Ferry serves as many connections as it can right now; retry "
+                            "later", retry_after=1.0, close=True)
+            self.closed = self.stopped = True
+            body = err.body()
+            transport.write(self._head(503, err.headers(body), False) + body)
             transport.close()
-        self.on_response_complete()
-
-    def on_response_complete(self) -> None:  # after an ASGI answer, or ``_reply``
-        # uvicorn's, but for its per-response keep-alive timer (see the class's docstring).
-        self.server_state.total_requests += 1
-        if self.transport.is_closing():
             return
-        self.flow.resume_reading()
-        if self.pipeline:
-            # The next pipelined request starts now: its headers are in, so there are no
-            # headers to wait for until it has answered.
-            cycle, app = self.pipeline.pop()
-            self._start_asgi_task(cycle, app)
-        elif self._reading is None:
-            self._wait_for_headers(after_response=True)
-        elif self._reading == "headers":
-            # The next request has begun (pipelined): its headers get the header deadline
-            # from now, not the keep-alive timeout.
-            self._wait_for_headers()
-        # else: the body of the request just answered is still coming; its end starts the
-        # wait (on_message_complete), so the deadline never runs during an upload.
+        self.connections.set_idle(self)
+        self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._header_deadline is not None:
-            self._header_deadline.cancel()
-            self._header_deadline = None
-        super().connection_lost(exc)
+        request = self.request
+        if request is not None and request.publish and not self.closed:
+            self.gone(request.batch)  # left in the middle of a publish's body: nothing stored
+        self.closed = self.stopped = True
+        self.connections.gone(self)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.lost is not None and not self.lost.done():
+            self.lost.set_result(None)
 
-    def _wait_for_headers(self, after_response: bool = False) -> None:
-        now = self.loop.time()
-        self._waiting_since = now
-        self._quiet = after_response
-        deadline = self._header_deadline
-        if deadline is not None:
-            if not after_response or deadline.when() <= now + self._limit():
-                return  # the timer comes in time and checks the wait as it is then
-            deadline.cancel()
-        self._header_deadline = self.loop.call_later(self._limit(), self._check_headers)
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = self.stopped = True
+            self.connections.gone(self)
+            if self.transport is not None:
+                self.transport.close()
 
-    def _limit(self) -> float:
-        """How long the current wait may last."""
-        if self._quiet:
-            return min(self.header_timeout, self.timeout_keep_alive)
-        return self.header_timeout
+    def pause_writing(self) -> None:
+        self.write_paused = True
 
-    def _check_headers(self) -> None:
-        self._header_deadline = None
-        since = self._waiting_since
-        if since is None or self.transport.is_closing():
-            return  # a request is past its headers; its response starts the next wait
-        left = since + self._limit() - self.loop.time()
-        if left > 0:
-            self._header_deadline = self.loop.call_later(left, self._check_headers)
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._next()
+
+    def addresses(self) -> tuple[Any, Any]:
+        """The client's and the server's address (looked up only for the ASGI routes: a
+        flood of connections should cost as little as possible each)."""
+        transport = self.transport
+        assert transport is not None
+        return transport.get_extra_info("peername"), transport.get_extra_info("sockname")
+
+    def disconnected(self) -> asyncio.Future[None]:
+        """Done once the peer is gone (the ASGI app's ``http.disconnect``)."""
+        if self.lost is None:
+            self.lost = self.loop.create_future()
+            if self.closed:
+                self.lost.set_result(None)
+        return self.lost
+
+    # -- reading ---------------------------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        if self.stopped:
+            if self.lingering:
+                self.lingered += len(data)
+                if self.lingered > LINGER_BYTES:
+                    self.close()
+            return
+        if self.parsing == "headers" and not self._head_fits(data):
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # Ferry upgrades to nothing: a request asking for it is answered as a plain one,
+            # then the connection is closed (what follows its headers is another protocol).
+            self.stopped = True
+            self.request = None
+            self.parsing = None
+            if self.queue:
+                self.queue[-1].keep_alive = False
+        except httptools.HttpParserError as exc:
+            cause = exc.__context__
+            if isinstance(cause, _Stop):
+                self.request = None
+                self.parsing = None
+            elif isinstance(cause, _Fatal):
+                self._refuse(cause.error)
+            else:
+                self._refuse(HttpError(400, "invalid_http",
+                                       f"the request is not valid HTTP/1.1: {exc}", close=True))
+        if self.parsing == "headers":
+            self.tail = data[-3:]
+        self._next()
+
+    def _head_fits(self, data: bytes) -> bool:
+        """Headers are still coming: count the bytes of them in ``data``, before the parser
+        concatenates them, and refuse past the limit."""
+        end = (self.tail + data).find(b"\r\n\r\n")
+        self.head_bytes += len(data) if end < 0 else end
+        if self.head_bytes > self.limits.header_bytes:
+            self._refuse(_headers_too_large(self.limits))
+            self._next()
+            return False
+        return True
+
+    def _refuse(self, error: HttpError) -> None:
+        """Stop parsing; answer ``error`` after the requests parsed before, then close."""
+        self.stopped = True
+        self.parsing = None
+        self.queue.append(Request.refusal(error, self.request))
+        self.request = None
+
+    # httptools callbacks
+    def on_message_begin(self) -> None:
+        if self.stopped:
+            raise _Stop()
+        self.request = Request()
+        self.parsing = "headers"
+        self.head_bytes = self.head_parsed = self.head_count = 0
+
+    def on_url(self, url: bytes) -> None:
+        request = self.request
+        assert request is not None
+        request.url += url
+        if len(request.url) > self.limits.request_line:
+            raise _Fatal(HttpError(414, "uri_too_long",
+                                   f"the request target is over {self.limits.request_line} "
+                                   "bytes (http.max_request_line_bytes)", close=True))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        request = self.request
+        assert request is not None
+        self.head_count += 1
+        if self.head_count > self.limits.headers:
+            raise _Fatal(HttpError(431, "headers_too_large",
+                                   f"more than {self.limits.headers} header fields "
+                                   "(http.max_headers)", close=True))
+        # Headers that arrived in one read never pass _head_fits: counted here as well.
+        self.head_parsed += len(name) + len(value) + 4
+        if self.head_parsed > self.limits.header_bytes:
+            raise _Fatal(_headers_too_large(self.limits))
+        request.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        request = self.request
+        assert request is not None
+        parser = self.parser
+        request.method = parser.get_method()
+        request.version = parser.get_http_version()
+        request.keep_alive = parser.should_keep_alive()
+        self.parsing = "body"
+        self.since = self.loop.time()  # the body's deadline runs from here
+        self.after_answer = False
+        length = None
+        expect = False
+        for name, value in request.headers:
+            if name == b"content-length":
+                length = value
+            elif name == b"content-encoding":
+                request.encoding = value.strip().lower()
+            elif name == b"expect":
+                expect = value.strip().lower() == b"100-continue"
+        self._route(request)
+        if length is not None and length.isdigit() and int(length) > request.limit:
+            raise _Fatal(self._too_large(request))
+        self._arm()  # the body's deadline may come before the headers' one
+        if expect and self.current is None and not self.queue and self.transport is not None:
+            self.transport.write(_CONTINUE)
+
+    def on_body(self, body: bytes) -> None:
+        request = self.request
+        assert request is not None
+        request.size += len(body)
+        if request.size > request.limit:
+            raise _Fatal(self._too_large(request))
+        request.parts.append(body)
+
+    def on_message_complete(self) -> None:
+        request = self.request
+        assert request is not None
+        self.request = None
+        self.parsing = None
+        self.tail = b""
+        self.queue.append(request)
+        if not request.keep_alive:
+            self.stopped = True  # nothing after this one is read
+        elif len(self.queue) >= MAX_QUEUED and not self.read_paused and self.transport:
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    def _route(self, request: Request) -> None:
+        """Which handler, and so which body limit."""
+        url = request.url
+        if not url.startswith(_TOPICS):
+            return
+        path = url.split(b"?", 1)[0].split(b"#", 1)[0]
+        rest = path[len(_TOPICS):]
+        segments = rest.split(b"/")
+        if any(b"%2f" in s.lower() for s in segments):
+            raise _Fatal(HttpError(400, "invalid_topic",
+                                   "a topic name cannot hold a slash, encoded (%2F) or not",
+                                   reason="invalid", close=True))
+        if request.method != b"POST" or not segments[0]:
+            return
+        if len(segments) == 2 and segments[1] == _BATCH:
+            batch = True
+        elif len(segments) == 1:
+            batch = False
         else:
-            self.transport.close()
+            return
+        raw = segments[0]
+        topic = _unquote(raw) if b"%" in raw else raw.decode("latin-1")
+        request.topic, request.batch, request.publish = topic, batch, True
+        request.limit = self.body_limit(topic, batch)
+
+    def _too_large(self, request: Request) -> HttpError:
+        if request.publish:
+            return self.too_large(request.topic, request.batch, request.limit)
+        return HttpError(413, "too_large",
+                         f"the body is over the limit of {request.limit} bytes", close=True)
+
+    # -- answering -------------------------------------------------------------------------
+    def _next(self) -> None:
+        """Start the next parsed request, if none is being answered."""
+        while self.current is None and self.queue and not self.write_paused and not self.closed:
+            request = self.current = self.queue.popleft()
+            self.connections.set_busy(self)
+            if self.read_paused and len(self.queue) < MAX_QUEUED // 2 and self.transport:
+                self.read_paused = False
+                self.transport.resume_reading()
+            if request.error is not None:
+                self._refused(request, request.error)
+                return
+            if request.encoding is not None and request.encoding != b"identity":
+                try:
+                    _decode(request)
+                except HttpError as exc:
+                    self._refused(request, exc)
+                    continue
+            reply = functools.partial(self._answer, request)
+            if request.publish:
+                self.publish(request.topic, request.batch, request.headers, request.body,
+                             reply)
+            else:
+                self.asgi(self, request, reply)
+
+    def _refused(self, request: Request, error: HttpError) -> None:
+        self.refused(request.publish, request.batch, error)
+        body = error.body()
+        self._answer(request, error.status, error.headers(body), body)
+
+    def _answer(self, request: Request, status: int, headers: list[tuple[bytes, bytes]],
+                body: bytes) -> None:
+        """Write ``request``'s answer (one write); then the next request, or the wait."""
+        if request is not self.current:
+            return  # not ours any more (the connection went away under it)
+        self.current = None
+        if self.closed:
+            return  # stored or not, nobody is there to hear it
+        keep_alive = request.keep_alive and not self.connections.stopping
+        for name, _ in headers:
+            if name == b"connection":  # only ever "close" (errors.py)
+                keep_alive = False
+        if request.method == b"HEAD":
+            body = b""
+        transport = self.transport
+        assert transport is not None
+        transport.write(self._head(status, headers, not keep_alive) + body)
+        if not keep_alive:
+            if request.error is not None and transport.can_write_eof():
+                self._linger()
+            else:
+                self.close()
+            return
+        if self.queue:
+            self._next()
+            return
+        # The wait for the next request starts now.
+        self.since = self.loop.time()
+        self.after_answer = self.parsing is None
+        self.connections.set_idle(self)
+        self._arm()
+
+    def _head(self, status: int, headers: list[tuple[bytes, bytes]], close: bool) -> bytes:
+        out = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status,
+               self.date.get()]
+        said_close = False
+        for name, value in headers:
+            if name == b"connection":
+                said_close = True
+            out += (name, b": ", value, b"\r\n")
+        if close and not said_close:
+            out.append(b"connection: close\r\n")
+        out.append(b"\r\n")
+        return b"".join(out)
+
+    def _linger(self) -> None:
+        """Close after a refusal while the client may still be sending (a body or headers
+        over the limit): closing at once with unread bytes makes the kernel reset the
+        connection, and the client would lose the answer with it. So the write side is
+        shut, what still comes is read and dropped, and the connection closes at the
+        client's end of sending, after ``LINGER_BYTES`` or after ``LINGER_SECONDS``."""
+        transport = self.transport
+        assert transport is not None
+        self.lingering = True
+        self.connections.set_idle(self)
+        transport.write_eof()
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.loop.call_later(LINGER_SECONDS, self.close)
+
+    def eof_received(self) -> bool | None:
+        if self.lingering:
+            self.close()
+        return None  # the transport closes itself once its writes are out
+
+    # -- the deadline ----------------------------------------------------------------------
+    def _deadline(self) -> float | None:
+        """When the current wait is over; None while a request is being answered."""
+        if self.current is not None or self.queue or self.closed:
+            return None
+        limits = self.limits
+        if self.parsing == "body":
+            return self.since + limits.body_timeout
+        if self.after_answer and self.parsing is None:
+            return self.since + min(limits.keep_alive, limits.header_timeout)
+        return self.since + limits.header_timeout
+
+    def _arm(self) -> None:
+        """One timer per connection: set it no later than the current deadline. Most waits
+        end before it fires; then it sleeps again for what is left of the new one."""
+        deadline = self._deadline()
+        if deadline is None:
+            return
+        timer = self.timer
+        if timer is not None:
+            if timer.when() <= deadline:
+                return
+            timer.cancel()
+        self.timer = self.loop.call_at(deadline, self._expire)
+
+    def _expire(self) -> None:
+        self.timer = None
+        deadline = self._deadline()
+        if deadline is None:
+            return  # a request is being answered; its answer starts the next wait
+        if self.loop.time() < deadline:
+            self.timer = self.loop.call_at(deadline, self._expire)
+        elif self.parsing == "body":
+            self._refuse(HttpError(408, "request_timeout",
+                                   f"the body did not arrive within "
+                                   f"{self.limits.body_timeout:g} s "
+                                   "(http.body_timeout_seconds)", reason="timeout",
+                                   close=True))
+            self._next()
+        else:
+            self.close()  # headers that never finished, or a keep-alive with nothing after
 
 
-def protocol_class(header_timeout: float, publish_direct: DirectPublish | None
-                   ) -> type[HttpProtocol]:
-    """The protocol of one server: its header deadline, and where direct publishes go."""
-    return type("HttpProtocol", (HttpProtocol,), {
-        "header_timeout": header_timeout,
-        "publish_direct": None if publish_direct is None else staticmethod(publish_direct),
-    })
+def _headers_too_large(limits: Limits) -> HttpError:
+    return HttpError(431, "headers_too_large",
+                     f"the request's headers are over {limits.header_bytes} bytes "
+                     "(http.max_header_bytes)", close=True)
+
+
+def _unquote(raw: bytes) -> str:
+    from urllib.parse import unquote_to_bytes
+
+    return unquote_to_bytes(raw).decode("utf-8", "replace")
+
+
+def _decode(request: Request) -> None:
+    """Decode a gzip body in place, up to the request's limit; any other coding is 415."""
+    encoding = request.encoding
+    if encoding not in (b"gzip", b"x-gzip"):
+        raise HttpError(415, "unsupported_content_encoding",
+                        f"Content-Encoding {(encoding or b'').decode('latin-1')!r} is not "
+                        "supported; send the body as is, or gzip it", reason="invalid")
+    decoder = zlib.decompressobj(wbits=31)
+    try:
+        body = decoder.decompress(request.body, request.limit + 1)
+        complete = decoder.eof
+    except zlib.error as exc:
+        raise HttpError(400, "invalid_body", f"the gzip body cannot be decoded: {exc}",
+                        reason="invalid") from None
+    if len(body) > request.limit:
+        raise HttpError(413, "too_large", f"the decoded body is over the limit of "
+                        f"{request.limit} bytes", reason="too_large")
+    if not complete:
+        raise HttpError(400, "invalid_body", "the gzip body is truncated", reason="invalid")
+    request.parts = [body]
+    request.size = len(body)
+    request.encoding = None
+    request.headers = [(n, v) for n, v in request.headers
+                       if n not in (b"content-encoding", b"content-length")]
+    request.headers.append((b"content-length", str(len(body)).encode()))

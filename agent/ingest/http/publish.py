@@ -87,6 +87,7 @@ class Publisher:
         self.idempotency = idem.Idempotency(runtime.store, cfg.idempotency_window_seconds)
         self.body_timeout = cfg.body_timeout_seconds
         self.max_batch_bytes = cfg.max_batch_bytes
+        self.internal_topics = frozenset(cfg.internal_topics)
         # Allow-listed request headers -> Kafka header names (spelled as configured).
         self.allowlist = {n.lower().encode("latin-1"): n for n in cfg.header_allowlist}
         self.track = runtime.store.track
@@ -190,9 +191,35 @@ class Publisher:
             self.counters.add_key(_REQUESTS[batch][status])
             reply(status, out_headers, answer)
 
+    def body_limit(self, topic: str, batch: bool) -> int:
+        """The largest body a publish to ``topic`` may have (the server's protocol reads no
+        more of it): ``http.max_batch_bytes`` for a batch, else the topic's
+        ``max_message_bytes``."""
+        if batch:
+            return self.max_batch_bytes
+        settings = self.catalog.resolve(topic) if valid_topic(topic) else None
+        return (settings or self.catalog.default).max_message_bytes
+
+    def too_large(self, topic: str, batch: bool, limit: int) -> HttpError:
+        """The 413 of a publish whose body is over ``body_limit``."""
+        return _body_too_large(limit, topic, batch)
+
+    def refused_early(self, publish: bool, batch: bool, error: HttpError) -> None:
+        """Count a refusal the server's protocol answered itself (a limit, bad HTTP)."""
+        if publish:
+            self._refused(error, "")
+            self.counters.add_key(_REQUESTS[batch][error.status])
+        else:
+            self.counters.add("http_requests", (("route", "other"),
+                                                ("status", str(error.status))))
+
+    def gone(self, batch: bool) -> None:
+        """A client left in the middle of a publish's body: counted as status 499."""
+        self.counters.add_key(_REQUESTS[batch][499])
+
     @property
     def direct_in_flight(self) -> int:
-        """Direct publishes handed over and not answered yet. uvicorn's graceful shutdown
+        """Direct publishes handed over and not answered yet. The server's graceful stop
         waits for its connections and its tasks; a direct publish whose client has gone has
         neither, so the server waits for this to reach 0 too (its answer is counted)."""
         return self._direct_pending + len(self._tasks)
@@ -258,6 +285,14 @@ class Publisher:
             raise HttpError(400, "invalid_topic",
                             f"{topic[:300]!r} is not a legal Kafka topic name: 1 to 249 of "
                             "A-Z a-z 0-9 . _ -, and not '.' or '..'", reason="invalid")
+        if topic.startswith("__") and topic not in self.internal_topics and \
+                self.catalog.entry(topic) is None:
+            # Kafka's own (__consumer_offsets, __transaction_state) and other tools'
+            # internal topics: a message there would be refused or, worse, taken.
+            raise HttpError(400, "internal_topic",
+                            f"{topic!r} is an internal topic name (it starts with '__'); "
+                            "publishing to it needs it listed in http.internal_topics or "
+                            "defined as a topic", reason="invalid")
         settings = self.catalog.resolve(topic)
         if settings is None:
             raise HttpError(404, "unknown_topic",
@@ -391,21 +426,8 @@ class Publisher:
         return (*await self._answer(topic, ids, settings, batch), n)
 
     async def _read_body(self, receive: Receive, limit: int, topic: str, batch: bool) -> bytes:
-        # Most bodies arrive with their headers. When uvicorn already holds all of it
-        # (its request cycle's ``more_body`` is False), receive() returns it without waiting,
-        # so there is no deadline to keep: skip the bookkeeping. Any other receive() (another
-        # server, a test double) takes the general path below.
-        if getattr(getattr(receive, "__self__", None), "more_body", True) is False:
-            message = await receive()
-            if message["type"] != "http.request":
-                raise _Disconnected()
-            if message.get("more_body", False):
-                return await self._read_rest(receive, [message.get("body", b"")], limit,
-                                             topic, batch)
-            whole: bytes = message.get("body", b"")
-            if len(whole) > limit:
-                raise _body_too_large(limit, topic, batch)
-            return whole
+        # Ferry's own server hands publishes to ``direct``; this ASGI path serves any other
+        # ASGI server (and tests that drive the app directly).
         return await self._read_rest(receive, [], limit, topic, batch)
 
     async def _read_rest(self, receive: Receive, parts: list[bytes], limit: int, topic: str,

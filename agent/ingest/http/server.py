@@ -1,43 +1,51 @@
-"""``HttpServer``: uvicorn (uvloop + httptools) on its own thread and event loop.
+"""``HttpServer``: Ferry's HTTP protocol (protocol.py) on uvloop, on its own thread and loop.
 
-The daemon owns the process's signals, so uvicorn installs none (it never does off the main
-thread). The listening socket is bound here, before the thread starts, so a taken port is a
-clear error from ``start()`` rather than a log line from another thread, and port 0 works:
-``port`` tells the port the kernel chose.
+The daemon owns the process's signals, so the server installs none. The listening socket is
+bound here, before the thread starts, so a taken port is a clear error from ``start()``
+rather than a log line from another thread, and port 0 works: ``port`` tells the port the
+kernel chose.
 
-Responses leave in one write per connection and loop iteration (``_CorkedTransport``). The
-GIL switch interval is lowered while HTTP is served (agent/ingest/gil.py), for the writer
-thread's sake, and the startup heap is frozen out of garbage collections
+The GIL switch interval is lowered while HTTP is served (agent/ingest/gil.py), for the
+writer thread's sake, and the startup heap is frozen out of garbage collections
 (``GC_GEN0_THRESHOLD``), for the tail latency's.
 
-``stop()`` is graceful: readiness turns 503 and publishing refuses new work at once, uvicorn
-stops accepting connections, closes idle ones and lets requests in progress finish (their
-commits complete, so the buffer is consistent), then the loop ends.
+The connection cap (``Connections``) is ``http.max_connections`` (0: unset), never more than
+the process's descriptor limit allows after ``FD_RESERVE`` descriptors kept for everything
+else (the buffer's LMDB files, the datagram socket, the spool intake, logs, the forwarder's
+pipes): a flood of connections cannot starve those.
+
+``stop()`` is graceful: readiness turns 503 and publishing refuses new work at once, the
+listener closes, idle connections are closed, requests in progress finish (their commits
+complete, so the buffer is consistent) and their connections close after their answer, then
+the loop ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import math
+import resource
 import socket
 import threading
-from collections.abc import Callable
 from typing import Any
 
-import uvicorn
 import uvloop
-from starlette.types import ASGIApp
 
 from agent.gc_tuning import freeze_startup_heap
 from agent.ingest.gil import SWITCH_INTERVAL, lower_switch_interval
-from agent.ingest.http.protocol import protocol_class
+from agent.ingest.http.asgi import AsgiRunner
+from agent.ingest.http.protocol import Connections, DateHeader, HttpProtocol, Limits
 from agent.runtime import Phase, Runtime
 
 log = logging.getLogger(__name__)
 
 START_TIMEOUT = 15.0
 BACKLOG = 2048
+# Descriptors kept out of the connection cap for the rest of the agent: LMDB (data and lock
+# files), the datagram socket, the spool intake's directory watches and open files, the
+# forwarder's pipes, logs, Python's own. Measured use without HTTP connections is under 60.
+FD_RESERVE = 256
 # The cyclic garbage collector while HTTP is served. Requests in flight hold ~20 tracked
 # objects each, so with tens of connections the young generation crosses CPython's default
 # threshold (700) all the time: ~280 collections/s, each walking the live requests (~3 % of
@@ -49,34 +57,31 @@ BACKLOG = 2048
 GC_GEN0_THRESHOLD = 10_000
 
 
+def connection_cap(configured: int) -> int:
+    """The connection cap: ``configured`` (0: none), within the descriptor limit."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        allowed = 1 << 20
+    else:  # a small limit (tests, containers) keeps a quarter for the rest
+        allowed = max(1, soft - min(FD_RESERVE, soft // 4))
+    if configured and configured <= allowed:
+        return configured
+    if configured:
+        log.warning("http.max_connections = %d is over what the descriptor limit (%d) "
+                    "allows with %d kept for the rest of the agent; the cap is %d",
+                    configured, soft, FD_RESERVE, allowed)
+    return allowed
+
+
 class HttpBindError(RuntimeError):
     """The listener cannot be opened (port taken, address not local, ...)."""
 
 
-class _Server(uvicorn.Server):
-    """uvicorn's server, telling us once it is serving, and waiting at shutdown for the
-    app's own work in progress (``in_flight``: direct publishes, see protocol.py) as it
-    waits for connections and its tasks (within ``timeout_graceful_shutdown``)."""
-
-    def __init__(self, config: uvicorn.Config, in_flight: Callable[[], int]) -> None:
-        super().__init__(config)
-        self.serving = threading.Event()
-        self.in_flight = in_flight
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets)
-        self.serving.set()
-
-    async def _wait_tasks_to_complete(self) -> None:
-        await super()._wait_tasks_to_complete()
-        while self.in_flight() and not self.force_exit:
-            await asyncio.sleep(0.01)
-
-
 class HttpServer:
-    """The HTTP listener of ``runtime.config.http.listen``, serving ``app``."""
+    """The HTTP listener of ``runtime.config.http.listen``, serving ``app`` (a ``FerryApp``:
+    its ``publisher`` takes the publishes, the app itself every other route)."""
 
-    def __init__(self, runtime: Runtime, app: ASGIApp, *, graceful_timeout: float = 10.0,
+    def __init__(self, runtime: Runtime, app: Any, *, graceful_timeout: float = 10.0,
                  switch_interval: float | None = SWITCH_INTERVAL, tune_gc: bool = True
                  ) -> None:
         self.runtime = runtime
@@ -85,8 +90,18 @@ class HttpServer:
         self.app = app
         self.listen = runtime.config.http.listen
         self.graceful_timeout = graceful_timeout
-        self._server: _Server | None = None
+        cfg = runtime.config.http
+        self.limits = Limits(request_line=cfg.max_request_line_bytes,
+                             header_bytes=cfg.max_header_bytes, headers=cfg.max_headers,
+                             header_timeout=cfg.header_timeout_seconds,
+                             body_timeout=cfg.body_timeout_seconds,
+                             keep_alive=cfg.keep_alive_seconds)
+        self.connections = Connections(connection_cap(cfg.max_connections))
         self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._stop_timeout = graceful_timeout
+        self._serving = threading.Event()
         self._sock: socket.socket | None = None
         self._error: BaseException | None = None
         self.host = ""
@@ -111,66 +126,77 @@ class HttpServer:
         self._sock = sock
         address = sock.getsockname()
         self.host, self.port = str(address[0]), int(address[1])
-        config = uvicorn.Config(
-            self.app,
-            http=protocol_class(cfg.header_timeout_seconds,
-                                getattr(self.app, "publish_direct", None)),
-            ws="none",
-            interface="asgi3",
-            lifespan="off",
-            proxy_headers=False,
-            log_config=None,
-            access_log=False,
-            server_header=False,
-            timeout_keep_alive=cfg.keep_alive_seconds,  # type: ignore[arg-type]
-            backlog=BACKLOG,
-            timeout_graceful_shutdown=math.ceil(self.graceful_timeout),
-        )
-        in_flight = getattr(self.app, "in_flight", None)
-        server = self._server = _Server(config, in_flight if callable(in_flight) else _none)
         thread = self._thread = threading.Thread(
-            target=self._run, args=(server, sock), name="http-server", daemon=True)
+            target=self._run, args=(sock,), name="http-server", daemon=True)
         thread.start()
-        while not server.serving.wait(0.05):
+        while not self._serving.wait(0.05):
             if not thread.is_alive():
                 raise HttpBindError(f"the HTTP server on {self.listen} failed to start: "
                                     f"{self._error!r}")
-        log.info("HTTP listening on %s", self.url)
+        log.info("HTTP listening on %s (at most %d connections)", self.url,
+                 self.connections.cap)
 
-    def _run(self, server: _Server, sock: socket.socket) -> None:
+    def _run(self, sock: socket.socket) -> None:
         try:
             with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-                runner.run(server.serve(sockets=[sock]))
+                runner.run(self._serve(sock))
         except BaseException as exc:  # noqa: BLE001 - reported by start() / stop()
             self._error = exc
-            if not server.serving.is_set():
+            if not self._serving.is_set():
                 return
             log.exception("the HTTP server stopped with an error")
 
+    async def _serve(self, sock: socket.socket) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        publisher = self.app.publisher
+        asgi = AsgiRunner(self.app)
+        limits, connections, date = self.limits, self.connections, DateHeader()
+
+        def protocol() -> HttpProtocol:
+            return HttpProtocol(limits=limits, connections=connections, date=date,
+                                publish=publisher.direct, body_limit=publisher.body_limit,
+                                too_large=publisher.too_large, refused=publisher.refused_early,
+                                gone=publisher.gone,
+                                asgi=asgi)
+
+        server = await loop.create_server(protocol, sock=sock, backlog=BACKLOG)
+        self._serving.set()
+        await self._stop.wait()
+        # Graceful stop: no new connections, idle ones closed, the rest after their answer.
+        connections.stopping = True
+        server.close()
+        connections.close_idle()
+        deadline = loop.time() + self._stop_timeout
+        while ((connections.open or publisher.direct_in_flight or asgi.tasks)
+               and loop.time() < deadline):
+            connections.close_idle()
+            await asyncio.sleep(0.01)
+        if connections.open or publisher.direct_in_flight:
+            log.error("HTTP requests still running after %.0f s; closing them",
+                      self._stop_timeout)
+        for conn in list(connections.open):
+            conn.close()
+
     def stop(self, timeout: float | None = None) -> None:
         """Refuse new work, finish requests in progress (up to ``timeout`` s), stop."""
-        server, thread = self._server, self._thread
-        if server is None or thread is None:
+        thread, loop, stop = self._thread, self._loop, self._stop
+        if thread is None or loop is None or stop is None:
             return
         timeout = self.graceful_timeout if timeout is None else timeout
         if self.runtime.phase is Phase.RUNNING:
             self.runtime.set_phase(Phase.STOPPING)
         _call(self.app, "drain")
-        server.config.timeout_graceful_shutdown = max(1, math.ceil(timeout))
-        server.should_exit = True
-        thread.join(timeout + 2.0)
+        self._stop_timeout = timeout
+        with contextlib.suppress(RuntimeError):  # the loop is closed: stopped before
+            loop.call_soon_threadsafe(stop.set)
+        thread.join(timeout + 5.0)
         if thread.is_alive():
-            log.error("HTTP requests still running after %.0f s; closing them", timeout)
-            server.force_exit = True
-            thread.join(5.0)
+            log.error("the HTTP server did not stop within %.0f s", timeout + 5.0)
         _call(self.app, "close")
         if self._sock is not None:
             self._sock.close()
         log.info("HTTP server stopped")
-
-
-def _none() -> int:
-    return 0
 
 
 def _tune_gc() -> None:
