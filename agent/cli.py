@@ -87,6 +87,25 @@ def _parser() -> argparse.ArgumentParser:
     purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     buf.set_defaults(func=_buffer)
 
+    topics = sub.add_parser("topics", help="topic management over HTTP (list, show, set, "
+                            "delete); changes need the management token")
+    topics.add_argument("--config", type=Path)
+    topics.add_argument("--url", default=None, help="default: from the config's http.listen")
+    topics.add_argument("--token-file", type=Path, default=None,
+                        help="default: http.management_token(_file) of the config, else "
+                        "/etc/ferry/management.token (created by the package)")
+    tsub = topics.add_subparsers(dest="topics_command", metavar="ACTION", required=True)
+    tsub.add_parser("list", help="every defined topic with its settings")
+    tshow = tsub.add_parser("show", help="one topic's settings")
+    tshow.add_argument("name")
+    tset = tsub.add_parser("set", help="define a topic or change settings (PUT)")
+    tset.add_argument("name")
+    tset.add_argument("settings", help='JSON object, e.g. \'{"acks": "all"}\'')
+    tdel = tsub.add_parser("delete", help="forget a topic; its buffered messages are discarded")
+    tdel.add_argument("name")
+    tdel.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    topics.set_defaults(func=_topics)
+
     replay = sub.add_parser("replay", help="put messages from a discard log back in the buffer")
     replay.add_argument("file", type=Path)
     replay.add_argument("--config", type=Path)
@@ -244,6 +263,76 @@ def _buffer(args: argparse.Namespace) -> int:
             print(f"purged {n} messages of {args.topic}")
             return 0
     return 2
+
+
+# -- topics --------------------------------------------------------------------------------
+def _topics(args: argparse.Namespace) -> int:
+    import json
+    import urllib.error
+    import urllib.request
+    from urllib.parse import quote
+
+    from agent.ingest.http import auth
+
+    config = _config(args)
+    url = (args.url or f"http://{config.http.listen}").rstrip("/")
+    if args.token_file is not None:
+        token = auth.read_token_file(args.token_file)
+    elif config.http.management_token:
+        token = config.http.management_token
+    else:
+        token = auth.read_token_file(config.http.management_token_file
+                                     or auth.DEFAULT_TOKEN_FILE)
+    command = args.topics_command
+    method, path, body = "GET", "/topics", None
+    if command == "show":
+        path = f"/topics/{quote(args.name, safe='')}"
+    elif command == "set":
+        try:
+            settings = json.loads(args.settings)
+        except ValueError as exc:
+            print(f"ferry topics set: the settings are not JSON: {exc}", file=sys.stderr)
+            return 2
+        method, path = "PUT", f"/topics/{quote(args.name, safe='')}"
+        body = json.dumps(settings).encode()
+    elif command == "delete":
+        if not args.yes:
+            if not sys.stdin.isatty():
+                print("ferry topics delete: refusing without --yes (no terminal to ask)",
+                      file=sys.stderr)
+                return 1
+            answer = input(f"Delete topic {args.name!r}? Its buffered messages are "
+                           "discarded. Type the topic name to confirm: ")
+            if answer.strip() != args.name:
+                print("not deleted")
+                return 1
+        method, path = "DELETE", f"/topics/{quote(args.name, safe='')}"
+    if method != "GET" and token is None:
+        print("ferry topics: no management token (give --token-file, or set "
+              "http.management_token in the config; the package keeps it in "
+              f"{auth.DEFAULT_TOKEN_FILE}, readable by root and the ferry-admin group)",
+              file=sys.stderr)
+        return 1
+    request = urllib.request.Request(url + path, data=body, method=method)
+    if body is not None:
+        request.add_header("Content-Type", "application/json")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            doc = json.load(response)
+    except urllib.error.HTTPError as exc:
+        try:
+            message = json.load(exc).get("message", exc.reason)
+        except ValueError:
+            message = exc.reason
+        print(f"ferry topics {command}: {exc.code} {message}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"ferry topics {command}: cannot reach {url}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(doc, indent=2, ensure_ascii=False))
+    return 0
 
 
 # -- replay --------------------------------------------------------------------------------

@@ -91,7 +91,13 @@ class SocketConfig(_Section):
 
 class HttpConfig(_Section):
     listen: str = "127.0.0.1:9090"  # "" disables HTTP
+    # Topic management's mutating calls (POST/PUT/DELETE /topics...) need
+    # "Authorization: Bearer <token>". The token: management_token, else the first line of
+    # management_token_file, else the systemd credential "management-token" (the packaged
+    # unit loads /etc/ferry/management.token, created at install). None of them: mutating
+    # calls are refused (closed by default). Reading (GET /topics) needs no token.
     management_token: str | None = None
+    management_token_file: Path | None = None
     auto_create_topics: bool = True
     idempotency_window_seconds: int = Field(default=600, ge=0)
     header_allowlist: list[str] = Field(default_factory=list)

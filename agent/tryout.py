@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -89,6 +90,11 @@ class TryOut:
 
     def _start(self) -> TryOut:
         self.root.mkdir(parents=True, exist_ok=True)
+        # Topic management's token for this session, kept where `ferry topics` can read it.
+        self.management_token = secrets.token_urlsafe(24)
+        token_file = self.root / "management.token"
+        token_file.touch(mode=0o600)
+        token_file.write_text(self.management_token + "\n")
         url = f"tcp://127.0.0.1:{self.port}"
         log = (self.root / "tansu.log").open("ab")
         self.proc = subprocess.Popen(
@@ -122,8 +128,11 @@ class TryOut:
             "buffer": {"path": r / "buffer", "max_bytes": 1024 ** 3},
             "socket": {"path": r / "ferry.sock", "mode": "0660"},
             # FERRY_HTTP__LISTEN, when set, wins (load_config reads it): 9090 may be taken.
-            **({} if os.environ.get("FERRY_HTTP__LISTEN") else
-               {"http": {"listen": "127.0.0.1:9090"}}),
+            # A fresh management token per session, printed in the welcome: topic
+            # management is closed without one (agent/ingest/http/auth.py).
+            "http": {**({} if os.environ.get("FERRY_HTTP__LISTEN") else
+                        {"listen": "127.0.0.1:9090"}),
+                     "management_token": self.management_token},
             "spool": {"dirs": [r / "spool"]},
             "kafka": {"local": {"bootstrap_servers": f"127.0.0.1:{self.port}"},
                       "remote": None},
@@ -141,6 +150,8 @@ listening on {r}/ferry.sock and http://{http}/.
   send over HTTP:         curl -i -X POST --data-binary hello http://{http}/topics/demo
   drop a spool file:      mkdir -p {r}/spool/demo && echo hello > {r}/spool/demo/x.txt
   watch it:               http://{http}/   (or: {ferry} status --url http://{http})
+  manage topics:          {ferry} topics --url http://{http} --token-file {r}/management.token list
+                          (changes need the token: {self.management_token})
 
 Ctrl-C stops Ferry and the broker.
 """, flush=True)

@@ -28,6 +28,19 @@ if ! { command -v systemd-tmpfiles >/dev/null 2>&1 \
   install -d -o ferry -g ferry-clients -m 2770 /var/lib/ferry/spool
 fi
 
+# -- management token (HTTP topic management; docs/http.md, "Management") -----------------
+# Topic management is closed without a token. Created once (an upgrade keeps it), readable
+# by root and the ferry-admin group, whose members may run `ferry topics`; the unit hands it
+# to the agent with LoadCredential=.
+getent group ferry-admin >/dev/null || groupadd --system ferry-admin
+token=/etc/ferry/management.token
+if [ ! -e "$token" ]; then
+  (umask 0137 && od -An -N24 -tx1 /dev/urandom | tr -d ' \n' > "$token" && echo >> "$token")
+  chown root:ferry-admin "$token"
+  chmod 0640 "$token"
+fi
+# -- end of management token --------------------------------------------------------------
+
 if [ -d /run/systemd/system ]; then
   for sysctl in /usr/lib/systemd/systemd-sysctl /lib/systemd/systemd-sysctl; do
     if [ -x "$sysctl" ]; then

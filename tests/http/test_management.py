@@ -1,4 +1,5 @@
-"""Topic management over HTTP: lifecycle, read-only config topics, validation, the token."""
+"""Topic management over HTTP: lifecycle, read-only config topics, validation, the token,
+cross-site refusals."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -15,9 +17,16 @@ from tests.http.harness import Served
 AVRO = {"type": "record", "name": "R", "fields": [{"name": "a", "type": "int"}]}
 
 
+TOKEN = "t0ken"
+
+
 @pytest.fixture
 def managed(serve: Callable[..., Served]) -> Served:
-    return serve(topics={"fixed": {"acks": "all", "ack_timeout_ms": 0}})
+    """A server with a management token, and a client that sends it."""
+    served = serve(topics={"fixed": {"acks": "all", "ack_timeout_ms": 0}},
+                   http={"management_token": TOKEN})
+    served.client.headers["Authorization"] = f"Bearer {TOKEN}"
+    return served
 
 
 def test_topic_lifecycle(managed: Served) -> None:
@@ -153,18 +162,74 @@ def test_put_cannot_rename(managed: Served) -> None:
 def test_management_needs_the_token_when_one_is_set(serve: Callable[..., Served]) -> None:
     served = serve(http={"management_token": "s3cret"})
     c = served.client
-    for r in (c.get("/topics"), c.post("/topics", json={"name": "x"}),
-              c.get("/topics/x", headers={"Authorization": "Bearer wrong"}),
+    for r in (c.post("/topics", json={"name": "x"}),
+              c.put("/topics/x", json={}, headers={"Authorization": "Bearer wrong"}),
               c.delete("/topics/x", headers={"Authorization": "Basic s3cret"})):
         assert r.status_code == 401
         assert r.headers["WWW-Authenticate"].startswith("Bearer")
-        assert r.json()["error"] == "unauthorized"
+        assert r.json()["code"] == "unauthorized"
     auth = {"Authorization": "Bearer s3cret"}
     assert c.post("/topics", json={"name": "x"}, headers=auth).status_code == 201
-    assert c.get("/topics", headers=auth).status_code == 200
+    # Reading from loopback needs no token.
+    assert c.get("/topics").status_code == 200
     # Publishing is not management: no token needed.
     assert c.post("/topics/x", content=b"v").status_code == 202
-    assert served.counter("http_requests", route="/topics", status="401") == 2
+    assert served.counter("http_requests", route="/topics", status="401") == 1
+
+
+def test_management_is_closed_without_a_token(serve: Callable[..., Served]) -> None:
+    served = serve()
+    c = served.client
+    for r in (c.post("/topics", json={"name": "x"}), c.put("/topics/x", json={}),
+              c.delete("/topics/x")):
+        assert r.status_code == 403 and r.json()["code"] == "management_locked", r.text
+    assert c.get("/topics").status_code == 200
+    assert [t["name"] for t in c.get("/topics").json()["topics"]] == []
+
+
+def test_the_token_is_read_from_a_file(serve: Callable[..., Served], tmp_path: Path) -> None:
+    token_file = tmp_path / "management.token"
+    token_file.write_text("from-file\n")
+    served = serve(http={"management_token_file": str(token_file)})
+    r = served.client.post("/topics", json={"name": "f"},
+                           headers={"Authorization": "Bearer from-file"})
+    assert r.status_code == 201
+
+
+def test_the_token_is_read_from_the_systemd_credential(
+    serve: Callable[..., Served], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "management-token").write_text("cred\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    served = serve()
+    r = served.client.delete("/topics/none", headers={"Authorization": "Bearer cred"})
+    assert r.status_code == 404  # authorized; there was no such topic
+
+
+@pytest.mark.parametrize("headers", [
+    {"Origin": "http://evil.example"},
+    {"Origin": "null"},
+    {"Sec-Fetch-Site": "cross-site"},
+    {"Sec-Fetch-Site": "same-site"},
+], ids=["origin", "origin-null", "fetch-cross-site", "fetch-same-site"])
+def test_cross_site_requests_may_not_change_topics(managed: Served,
+                                                   headers: dict[str, str]) -> None:
+    """Even with the token (a browser may hold it): a page of another site is refused."""
+    c = managed.client
+    # No Content-Type: the POST a page can send without a preflight.
+    for r in (c.post("/topics", content=b'{"name": "x"}', headers=headers),
+              c.put("/topics/x", json={}, headers=headers),
+              c.delete("/topics/x", headers=headers)):
+        assert r.status_code == 403 and r.json()["code"] == "cross_site", r.text
+    assert c.get("/topics/x").status_code == 404
+
+
+def test_same_origin_requests_may_change_topics(managed: Served) -> None:
+    host = managed.url.removeprefix("http://")
+    r = managed.client.post("/topics", json={"name": "same"},
+                            headers={"Origin": managed.url, "Sec-Fetch-Site": "same-origin",
+                                     "Host": host})
+    assert r.status_code == 201, r.text
 
 
 def test_another_process_sees_api_topics(managed: Served) -> None:
@@ -207,3 +272,25 @@ def test_a_schema_reference_into_the_schema_itself_is_accepted(managed: Served) 
     assert r.status_code == 201, r.text
     assert managed.client.post("/topics/refs", json={"a": 1}).status_code == 202
     assert managed.client.post("/topics/refs", json={"a": "x"}).status_code == 400
+
+
+def test_the_ferry_topics_command_reads_the_token_file(
+    serve: Callable[..., Served], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agent.cli import main
+
+    token_file = tmp_path / "management.token"
+    token_file.write_text("cli-token\n")
+    served = serve(http={"management_token_file": str(token_file)})
+    base = ["topics", "--url", served.url]
+    assert main([*base, "--token-file", str(token_file), "set", "cli",
+                 '{"acks": "all"}']) == 0
+    assert json.loads(capsys.readouterr().out)["acks"] == "all"
+    assert main([*base, "show", "cli"]) == 0  # reading needs no token
+    assert json.loads(capsys.readouterr().out)["name"] == "cli"
+    wrong = tmp_path / "wrong.token"
+    wrong.write_text("nope\n")
+    assert main([*base, "--token-file", str(wrong), "delete", "cli", "--yes"]) == 1
+    assert "401" in capsys.readouterr().err
+    assert main([*base, "--token-file", str(token_file), "delete", "cli", "--yes"]) == 0
+    assert served.client.get("/topics/cli").status_code == 404

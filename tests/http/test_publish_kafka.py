@@ -13,6 +13,7 @@ from typing import Any
 
 import fastavro
 import httpx
+import pytest
 
 from tests.agent_harness import AgentProcess, wait_buffered, wait_drained, write_config
 from tests.kafka import Broker, consume_all, create_topic, read_topic
@@ -29,6 +30,17 @@ SCHEMA = {
 }
 
 
+# Topic management needs a token (agent/ingest/http/auth.py); the agent takes it from the
+# environment, the clients send it.
+TOKEN = "test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(autouse=True)
+def _management_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FERRY_HTTP__MANAGEMENT_TOKEN", TOKEN)
+
+
 def _config(tmp_path: Path, broker: Broker, topics: dict[str, dict[str, Any]] | None = None,
             **kw: Any) -> Path:
     return write_config(tmp_path, broker.bootstrap, topics=topics, **kw)
@@ -39,7 +51,7 @@ def test_201_when_kafka_acknowledges_in_time_202_when_it_cannot(
     create_topic(broker.bootstrap, unique_topic, 2)
     config = _config(tmp_path, broker, {unique_topic: {"ack_timeout_ms": 10_000}})
     with AgentProcess(config) as agent, httpx.Client(base_url=agent.http_url,
-                                                    timeout=30) as client:
+                                                    timeout=30, headers=AUTH) as client:
         r = client.post(f"/topics/{unique_topic}", content=b"acked")
         assert r.status_code == 201, r.text
         assert r.json() == {"id": r.headers["Ferry-Message-Id"], "delivered": True}
@@ -80,7 +92,7 @@ def test_avro_json_is_converted_and_round_trips_through_kafka(
         tmp_path: Path, session_broker: Broker, unique_topic: str) -> None:
     config = _config(tmp_path, session_broker)
     with AgentProcess(config) as agent, httpx.Client(base_url=agent.http_url,
-                                                    timeout=30) as client:
+                                                    timeout=30, headers=AUTH) as client:
         r = client.post("/topics", json={"name": unique_topic, "content_type": "avro",
                                          "schema": SCHEMA, "ack_timeout_ms": 10_000})
         assert r.status_code == 201, r.text
@@ -104,7 +116,7 @@ def test_idempotent_retry_reaches_kafka_once(
         tmp_path: Path, session_broker: Broker, unique_topic: str) -> None:
     config = _config(tmp_path, session_broker, {unique_topic: {"ack_timeout_ms": 10_000}})
     with AgentProcess(config) as agent, httpx.Client(base_url=agent.http_url,
-                                                    timeout=30) as client:
+                                                    timeout=30, headers=AUTH) as client:
         answers = [client.post(f"/topics/{unique_topic}", content=b"once",
                                headers={"Idempotency-Key": "order-42"}) for _ in range(3)]
         assert len({a.headers["Ferry-Message-Id"] for a in answers}) == 1
@@ -121,7 +133,7 @@ def test_partition_key_headers_and_batches_reach_kafka(
     text = config.read_text()
     config.write_text(text.replace("[http]\n", '[http]\nheader_allowlist = ["Trace-Id"]\n', 1))
     with AgentProcess(config) as agent, httpx.Client(base_url=agent.http_url,
-                                                    timeout=30) as client:
+                                                    timeout=30, headers=AUTH) as client:
         body = b"".join(b"m-%d\n" % i for i in range(1000))
         r = client.post(f"/topics/{unique_topic}/batch", content=body, headers={
             "Content-Type": "application/x-ndjson", "Ferry-Partition-Key": "6",
@@ -139,7 +151,7 @@ def test_deleting_a_topic_discards_what_is_buffered(
     config = _config(tmp_path, broker)
     broker.stop()
     with AgentProcess(config) as agent, httpx.Client(base_url=agent.http_url,
-                                                    timeout=30) as client:
+                                                    timeout=30, headers=AUTH) as client:
         assert client.post("/topics", json={"name": unique_topic,
                                             "ack_timeout_ms": 0}).status_code == 201
         assert client.post(f"/topics/{unique_topic}", content=b"old").status_code == 202

@@ -12,13 +12,13 @@
 Settings are those of ``[topics.X]`` in the config file (acks, content_type, schema,
 max_message_bytes, ttl_seconds, rate_limit, ack_timeout_ms, fallback_to_remote, ...);
 those not given take ``[topics.default]``'s. Topics of the config file are read-only here.
-With ``http.management_token`` set, every call needs ``Authorization: Bearer <token>``.
+Calls that change topics need the management token and must not come from another site;
+reading is open on loopback (auth.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 from typing import Any
 
@@ -29,6 +29,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from agent.config import TopicConfig
+from agent.ingest.http import auth
 from agent.ingest.http.codecs import BodyError, check_topic, is_json, media_type, parse_json
 from agent.ingest.http.errors import error_body
 from agent.ingest.http.topics import (
@@ -82,7 +83,7 @@ def topic_doc(entry: TopicEntry) -> dict[str, Any]:
 class TopicsApi:
     def __init__(self, runtime: Runtime, catalog: TopicCatalog) -> None:
         self.catalog = catalog
-        self.token = runtime.config.http.management_token
+        self.token = auth.management_token(runtime.config.http)
         self.body_timeout = runtime.config.http.body_timeout_seconds
 
     def routes(self) -> list[BaseRoute]:
@@ -105,14 +106,11 @@ class TopicsApi:
         return guarded
 
     def _authorize(self, request: Request) -> None:
-        if not self.token:
-            return
-        scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-                credentials.strip().encode(), self.token.encode()):
-            raise ApiError(401, "unauthorized",
-                           "topic management needs Authorization: Bearer <http.management_"
-                           "token>", headers={"WWW-Authenticate": 'Bearer realm="ferry"'})
+        client = request.client.host if request.client is not None else None
+        try:
+            auth.check(request.method, dict(request.headers), client, self.token)
+        except auth.Refused as exc:
+            raise ApiError(exc.status, exc.error, exc.message, exc.headers) from None
 
     # -- endpoints -------------------------------------------------------------------------
     async def collection(self, request: Request) -> Response:
