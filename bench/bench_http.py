@@ -3,18 +3,24 @@
     .venv/bin/python bench/bench_http.py [--mode single|batch|both] [--seconds 10]
         [--connections 50] [--size 200] [--batch 1000] [--client wrk|python] [--kafka]
         [--dir PATH] [--linger-ms MS] [--switch-interval S] [--no-tune-gc]
+    .venv/bin/python bench/bench_http.py --compare [--seconds 10] [--size 200]
 
-The server is Ferry's HTTP stage as in production (``create_app`` + ``HttpServer``: uvicorn,
-uvloop, httptools) over a real ``Store`` and group ``Committer`` in a temporary directory
-under ``--dir`` (default: the repository, i.e. its disk), in its own process. The load
-generator is another process: ``wrk`` (C; installed from Debian when missing and run as root)
-or a built-in asyncio + uvloop raw-socket client; keep-alive, one request in flight per
-connection, ``--connections`` in total.
+The server is Ferry's HTTP stage as in production (``create_app`` + ``HttpServer``: Ferry's
+protocol over httptools' parser, on uvloop) over a real ``Store`` and group ``Committer``
+in a temporary directory under ``--dir`` (default: the repository, i.e. its disk), in its
+own process. The load generator is another process: ``wrk`` (C; installed from Debian when
+missing and run as root) or a built-in asyncio + uvloop raw-socket client; keep-alive, one
+request in flight per connection, ``--connections`` in total.
 
 Without ``--kafka`` nothing forwards the buffer, so topics use ack_timeout_ms = 0: every
 answer is a 202, i.e. "committed and fsynced". With ``--kafka`` the full agent runs
 (``ferry run``, forwarder process, tansu broker) and the topic keeps ack_timeout_ms = 65, so
 answers are 201 when Kafka acknowledged in time: that measures the Hermes-style 201 path.
+
+``--compare`` (issue 18) runs wrk at 50 and 200 connections against one full agent and one
+real broker: the default topic (201 when Kafka acknowledges within ack_timeout_ms = 65) and
+a 202-only topic (ack_timeout_ms = 0), then a do-nothing asyncio server for the floor of
+the CPU a request costs in Python; it prints the per-request CPU of each beside the others.
 
 Prints requests/s, messages/s, latency percentiles (client-measured), status codes, the
 server's CPU time per request (what other load on the machine cannot inflate much), and
@@ -354,7 +360,15 @@ def main() -> None:
                     "otherwise freezes the startup heap and raises the young threshold)")
     ap.add_argument("--kafka", action="store_true",
                     help="full agent + tansu broker; topic ack_timeout_ms=65 (201 path)")
+    ap.add_argument("--compare", action="store_true",
+                    help="issue 18: wrk at 50 and 200 connections, full agent and broker, "
+                    "201 (default) against 202-only, beside a do-nothing asyncio server")
     args = ap.parse_args()
+    if args.compare:
+        if not _ensure_wrk():
+            sys.exit("bench_http --compare needs wrk (Debian package wrk)")
+        _compare(args)
+        return
     if args.client == "wrk" and not _ensure_wrk():
         print("bench_http: wrk unavailable; using the python load generator", file=sys.stderr)
         args.client = "python"
@@ -434,6 +448,132 @@ def _with_kafka(modes: list[str], args: argparse.Namespace) -> None:
         print(json.dumps({"acknowledged": total, "in_kafka": delivered}))
         if delivered < total:
             sys.exit(f"MISSING: {total} acknowledged, {delivered} in Kafka")
+
+
+# -- the issue-18 comparison: 201 mode against 202-only, same agent and broker ------------
+TOPIC_202 = "bench202"
+
+
+def _process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _null_server(conn: Connection) -> None:
+    """A do-nothing asyncio server on uvloop: answers every request with a canned 202,
+    parsing nothing but the end of the headers and Content-Length. The floor of what any
+    Python asyncio HTTP server costs per request on this machine."""
+    import uvloop
+
+    answer = (b"HTTP/1.1 202 Accepted\r\ncontent-type: application/json\r\n"
+              b"content-length: 2\r\n\r\n{}")
+
+    class Null(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport: Any = transport
+            self.data = b""
+
+        def data_received(self, data: bytes) -> None:
+            self.data += data
+            while True:
+                end = self.data.find(b"\r\n\r\n")
+                if end < 0:
+                    return
+                m = _LENGTH.search(self.data, 0, end)
+                total = end + 4 + (int(m.group(1)) if m else 0)
+                if len(self.data) < total:
+                    return
+                self.data = self.data[total:]
+                self.transport.write(answer)
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(Null, "127.0.0.1", 0, backlog=2048)
+        conn.send(server.sockets[0].getsockname()[1])
+        await loop.run_in_executor(None, conn.recv)
+        server.close()
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    uvloop.run(run())
+
+
+def _measured(pid: int, port: int, topic: str, connections: int, args: argparse.Namespace
+              ) -> dict[str, Any]:
+    args.connections = connections
+    before = _process_cpu(pid)
+    result = _run_wrk(port, f"/topics/{topic}", b"v" * args.size, "application/octet-stream",
+                      args)
+    used = _process_cpu(pid) - before
+    result["requests_per_s"] = round(result["requests"] / result["elapsed_s"])
+    result["cpu_us_per_request"] = round(used / max(1, result["requests"]) * 1e6, 1)
+    return result
+
+
+def _compare(args: argparse.Namespace) -> None:
+    """wrk at 50 and 200 connections against one agent and one real broker: the default
+    topic (ack_timeout_ms 65: 201 when Kafka acknowledges in time) and a 202-only topic
+    (ack_timeout_ms 0), interleaved; then a do-nothing asyncio server for the CPU floor."""
+    from tests.agent_harness import AgentProcess, wait_drained, write_config
+    from tests.kafka import Broker, create_topic, read_topic
+
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp, \
+            Broker(log_path=Path(tmp) / "tansu.log") as broker:
+        for topic in (TOPIC, TOPIC_202):
+            create_topic(broker.bootstrap, topic, 8)
+        path = write_config(Path(tmp) / "agent", broker.bootstrap,
+                            buffer={"max_bytes": 8 * 1024**3},
+                            topics={TOPIC_202: {"ack_timeout_ms": 0}})
+        agent = AgentProcess(path).start()
+        try:
+            assert agent.proc is not None
+            pid, port = agent.proc.pid, agent.config.http.port
+            acked = 0
+            for connections in (50, 200):
+                for topic, label in ((TOPIC, "201 (default)"), (TOPIC_202, "202-only")):
+                    r = _measured(pid, port, topic, connections, args)
+                    acked += r["ok"]
+                    rows.append({"server": "ferry", "mode": label,
+                                 "connections": connections, **r})
+                    print(json.dumps(rows[-1]), flush=True)
+            wait_drained(agent, timeout=600)
+        finally:
+            agent.terminate()
+        delivered = sum(len(read_topic(broker.bootstrap, t, timeout=300))
+                        for t in (TOPIC, TOPIC_202))
+        print(json.dumps({"acknowledged": acked, "in_kafka": delivered}), flush=True)
+        if delivered < acked:
+            sys.exit(f"MISSING: {acked} acknowledged, {delivered} in Kafka")
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    null = ctx.Process(target=_null_server, args=(child,))
+    null.start()
+    try:
+        port = parent.recv()
+        assert null.pid is not None
+        for connections in (50, 200):
+            r = _measured(null.pid, port, "null", connections, args)
+            rows.append({"server": "do-nothing asyncio", "mode": "-",
+                         "connections": connections, **r})
+            print(json.dumps(rows[-1]), flush=True)
+    finally:
+        parent.send("stop")
+        null.join(10)
+    print()
+    print(f"{'server':20} {'mode':14} {'conns':>5} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
+          f"{'CPU us/req':>10} {'201':>8} {'202':>8}")
+    for r in rows:
+        print(f"{r['server']:20} {r['mode']:14} {r['connections']:>5} {r['requests_per_s']:>8} "
+              f"{r['p50_ms']:>7} {r['p99_ms']:>7} {r['cpu_us_per_request']:>10} "
+              f"{r['codes']['201']:>8} {r['codes']['202']:>8}")
+    for connections in (50, 200):
+        by = {r["mode"]: r for r in rows
+              if r["server"] == "ferry" and r["connections"] == connections}
+        d, o = by["201 (default)"], by["202-only"]
+        print(f"{connections} connections: 201 mode {d['requests_per_s']}/s = "
+              f"{d['requests_per_s'] / max(1, o['requests_per_s']):.2f} x the 202-only rate "
+              f"({o['requests_per_s']}/s); targets: >= 15000/s, >= 0.70 x, 202-only >= 20000/s")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ from typing import Any, TypeGuard
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
+from agent.ack_signal import AckSender
+from agent.ack_signal import socket_path as ack_socket_path
 from agent.buffer import keys
 from agent.buffer.store import Corrupt, DeliveredRun, Outcome, Store, StoredMessage
 from agent.config import FerryConfig, TopicConfig
@@ -168,6 +170,8 @@ class Forwarder:
     ) -> None:
         self.config = config
         self.store = store
+        # Tells the HTTP stage that outcomes were recorded (agent/ack_signal.py).
+        self._ack_signal = AckSender(ack_socket_path(config.buffer.path))
         self.registry = registry
         self.discard_log = discard_log or DiscardLog(config.discard_log_path,
                                                      config.buffer.discard_log_max_bytes)
@@ -728,6 +732,7 @@ class Forwarder:
             lv.retry_at = now + DELETE_RETRY_SECONDS
             return
         self._delete_trouble.worked(ready + lv.delivered)
+        self._ack_signal.send()  # 201s waiting for these acknowledgements wake now
         self._leaving = _Leaving()
         if ready < len(lv.outcomes):
             rest = self._leaving

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from pathlib import Path
 
+from agent.ack_signal import AckSender
 from agent.ingest.http.delivery import CompletionBridge, DeliveryWatcher
 
 
@@ -102,3 +104,38 @@ def test_the_bridge_runs_other_threads_posts_on_the_loop_in_order() -> None:
     ran, threads = asyncio.run(main())
     assert ran == [i for i in range(100) if i != 3]
     assert threads == {threading.get_ident()}
+
+
+def test_a_wait_wakes_on_the_forwarders_signal_not_on_a_timer(tmp_path: Path) -> None:
+    """With a signal socket, the watcher looks ids up when the forwarder's AckSender says
+    outcomes were recorded: once at the wait's start, then only on the signal (the fallback
+    round is 30 s away), and the wait ends at once."""
+    states = States({b"a": "buffered"})
+    path = tmp_path / "acks.sock"
+    watcher = DeliveryWatcher(states, interval=30.0, fallback=30.0, signal_path=path)
+    sender = AckSender(path)
+
+    async def main() -> tuple[bool, float, int]:
+        loop = asyncio.get_running_loop()
+        waiting = asyncio.ensure_future(watcher.wait("t", [b"a"], 20.0))
+        while not states.looked:  # the first round, right after the wait began
+            await asyncio.sleep(0.001)
+        looked_before = len(states.looked)
+        states.states[b"a"] = "delivered"
+        started = loop.time()
+        sender.send()
+        delivered = await waiting
+        return delivered, loop.time() - started, looked_before
+
+    delivered, took, looked_before = run(main())  # type: ignore[misc]
+    assert delivered is True and took < 5.0
+    assert looked_before == 1 and len(states.looked) == 2
+    watcher.close()
+    sender.close()
+    assert not path.exists()
+
+
+def test_a_signal_nobody_listens_to_is_dropped(tmp_path: Path) -> None:
+    sender = AckSender(tmp_path / "nobody.sock")
+    sender.send()  # no error: the forwarder must never fail for want of a listener
+    sender.close()

@@ -39,12 +39,15 @@ def test_openapi_document_is_served(served: Served) -> None:
     assert {"201", "202", "400", "404", "408", "413", "415", "429", "503"} <= set(publish)
 
 
+TOKEN = "openapi-token"
+
+
 @pytest.fixture
 def api_url(serve: Callable[..., Served]) -> str:
     served = serve(topics={
         "default": {"ack_timeout_ms": 0},
         "fixed": {"ack_timeout_ms": 0, "content_type": "json"},
-    })
+    }, http={"management_token": TOKEN})
     return served.url
 
 
@@ -59,6 +62,7 @@ def test_api_conforms_to_its_openapi_document(
         # Every other check runs. Not "schema-valid requests are accepted": some refusals
         # depend on content or state no OpenAPI schema can express (an Avro schema that
         # does not parse, an Idempotency-Key reused for another body: 400, 422).
-        case.call_and_validate(base_url=api_url, excluded_checks=[positive_data_acceptance])
+        case.call_and_validate(base_url=api_url, excluded_checks=[positive_data_acceptance],
+                               headers={"Authorization": f"Bearer {TOKEN}"})
 
     check()

@@ -7,9 +7,11 @@ for all the callbacks that arrive before the loop gets to them, not once per cal
 ``DeliveryWatcher`` answers "did Kafka acknowledge these ids within the topic's
 ack_timeout_ms?", which decides 201 over 202. The forwarder runs in another process and
 removes a message from the buffer once a cluster acknowledged it, writing its outcome to the
-buffer's tracking table; the watcher looks that up for the ids being waited on, all requests
-together, on one worker thread every ``interval`` seconds. It never blocks the event loop and
-never holds up a request for longer than the request asked to wait.
+buffer's tracking table, then signals it (agent/ack_signal.py: an empty datagram). The
+watcher wakes on that signal and looks the outcomes up for the ids being waited on, all
+requests together, on one worker thread; without a signal (none can be bound, or one was
+lost) it looks every ``fallback`` seconds. It never blocks the event loop and never holds up
+a request for longer than the request asked to wait.
 
 Looking an id up costs microseconds, and at 20,000 requests/s hundreds are waiting at any
 time, so the watcher does not look up every id on every round. Ids of a topic increase with
@@ -27,8 +29,10 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
+from agent.ack_signal import AckListener
 from agent.buffer.store import Store
 
 log = logging.getLogger(__name__)
@@ -101,11 +105,17 @@ class DeliveryWatcher:
         interval: float = 0.003,
         full_every: int = 5,
         active: Callable[[], bool] = lambda: True,
+        signal_path: Path | None = None,
+        fallback: float = 0.02,
     ) -> None:
         self.locate = locate
         self.interval = interval
         self.full_every = full_every
         self.active = active
+        self.signal_path = signal_path
+        self.fallback = fallback
+        self._listener: AckListener | None = None
+        self._signalled: asyncio.Event | None = None
         self._round = 0
         self._waits: set[_Wait] = set()
         self._task: asyncio.Task[None] | None = None
@@ -122,6 +132,12 @@ class DeliveryWatcher:
         self._waits.add(wait)
         timer = loop.call_later(timeout, _settle, future, False)
         if self._task is None or self._task.done():
+            if self.signal_path is not None and self._listener is None:
+                self._listen(loop)
+            if self._signalled is not None:
+                # A first round at once: what was acknowledged before the wait began has
+                # been signalled already.
+                self._signalled.set()
             self._task = loop.create_task(self._poll())
         try:
             return await future
@@ -138,10 +154,34 @@ class DeliveryWatcher:
         for wait in list(self._waits):
             _settle(wait.future, False)
 
+    def _listen(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert self.signal_path is not None
+        signalled = self._signalled = asyncio.Event()
+        try:
+            self._listener = AckListener(self.signal_path, loop, signalled.set)
+        except OSError as exc:
+            log.warning("cannot listen for acknowledgement signals at %s (%s); looking up "
+                        "acknowledgements every %g s instead", self.signal_path, exc,
+                        self.interval)
+            self.signal_path = None
+            self._signalled = None
+
+    async def _next_round(self) -> None:
+        """Until the forwarder signals outcomes (or ``fallback`` s); without a signal
+        listener, ``interval`` s."""
+        signalled = self._signalled
+        if signalled is None:
+            await asyncio.sleep(self.interval)
+            return
+        if not signalled.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(signalled.wait(), self.fallback)
+        signalled.clear()
+
     async def _poll(self) -> None:
         loop = asyncio.get_running_loop()
         while self._waits:
-            await asyncio.sleep(self.interval)
+            await self._next_round()
             if not self.active():
                 self.release_all()
                 continue
@@ -184,4 +224,7 @@ class DeliveryWatcher:
 
     def close(self) -> None:
         self.release_all()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
         self._executor.shutdown(wait=False, cancel_futures=True)

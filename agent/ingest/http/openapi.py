@@ -118,7 +118,9 @@ def _document() -> dict[str, Any]:
             "schema": {"type": "string", "nullable": True},
         },
     }
-    auth_errors = {"401": _error("Management token missing or wrong")}
+    auth_errors = {"401": _error("Management token missing or wrong"),
+                   "403": _error("Management is closed (no token configured), or the "
+                                 "request is cross-site")}
     json_body = {"required": True,
                  "content": {"application/json": {"schema": settings_schema}}}
     return {
@@ -270,8 +272,10 @@ def _document() -> dict[str, Any]:
                                       "nothing was stored", retry_after=True),
             },
             "schemas": {
-                "Error": {"type": "object", "required": ["error", "message"], "properties": {
-                    "error": {"type": "string"}, "message": {"type": "string"}}},
+                "Error": {"type": "object", "required": ["error", "code", "message"],
+                          "properties": {"error": {"type": "string"},
+                                         "code": {"type": "string"},
+                                         "message": {"type": "string"}}},
                 "Published": {"type": "object", "required": ["id", "delivered"], "properties": {
                     "id": {"type": "string", "pattern": "^[0-9a-f]{24}$"},
                     "delivered": {"type": "boolean"}}},

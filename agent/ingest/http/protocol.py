@@ -133,7 +133,7 @@ class Request:
     """One parsed request."""
 
     __slots__ = ("method", "url", "headers", "parts", "size", "limit", "keep_alive",
-                 "version", "topic", "batch", "error", "encoding", "publish")
+                 "version", "topic", "batch", "error", "encoding", "publish", "exact")
 
     def __init__(self) -> None:
         self.method = b""
@@ -147,6 +147,7 @@ class Request:
         self.topic = ""
         self.batch = False
         self.publish = False
+        self.exact = False  # limit is the publish's own (body_limit), not read_limit
         self.encoding: bytes | None = None
         # Answer this instead of running the request, then close (a limit, a parse error).
         self.error: HttpError | None = None
@@ -203,12 +204,14 @@ class HttpProtocol(asyncio.Protocol):
 
     def __init__(self, *, limits: Limits, connections: Connections, date: DateHeader,
                  publish: DirectPublish, body_limit: BodyLimit, too_large: TooLarge,
-                 refused: Refused, gone: Callable[[bool], None], asgi: AsgiRun) -> None:
+                 refused: Refused, gone: Callable[[bool], None], asgi: AsgiRun,
+                 read_limit: int) -> None:
         self.limits = limits
         self.connections = connections
         self.date = date
         self.publish = publish
         self.body_limit = body_limit
+        self.read_limit = read_limit
         self.too_large = too_large
         self.refused = refused
         self.gone = gone
@@ -381,7 +384,6 @@ class HttpProtocol(asyncio.Protocol):
         assert request is not None
         parser = self.parser
         request.method = parser.get_method()
-        request.version = parser.get_http_version()
         request.keep_alive = parser.should_keep_alive()
         self.parsing = "body"
         self.since = self.loop.time()  # the body's deadline runs from here
@@ -396,7 +398,9 @@ class HttpProtocol(asyncio.Protocol):
             elif name == b"expect":
                 expect = value.strip().lower() == b"100-continue"
         self._route(request)
-        if length is not None and length.isdigit() and int(length) > request.limit:
+        if not request.publish:
+            request.version = parser.get_http_version()  # for the ASGI scope
+        if length is not None and length.isdigit() and self._over(request, int(length)):
             raise _Fatal(self._too_large(request))
         self._arm()  # the body's deadline may come before the headers' one
         if expect and self.current is None and not self.queue and self.transport is not None:
@@ -406,7 +410,7 @@ class HttpProtocol(asyncio.Protocol):
         request = self.request
         assert request is not None
         request.size += len(body)
-        if request.size > request.limit:
+        if request.size > request.limit and self._over(request, request.size):
             raise _Fatal(self._too_large(request))
         request.parts.append(body)
 
@@ -431,7 +435,7 @@ class HttpProtocol(asyncio.Protocol):
         path = url.split(b"?", 1)[0].split(b"#", 1)[0]
         rest = path[len(_TOPICS):]
         segments = rest.split(b"/")
-        if any(b"%2f" in s.lower() for s in segments):
+        if b"%" in rest and b"%2f" in rest.lower():
             raise _Fatal(HttpError(400, "invalid_topic",
                                    "a topic name cannot hold a slash, encoded (%2F) or not",
                                    reason="invalid", close=True))
@@ -446,7 +450,18 @@ class HttpProtocol(asyncio.Protocol):
         raw = segments[0]
         topic = _unquote(raw) if b"%" in raw else raw.decode("latin-1")
         request.topic, request.batch, request.publish = topic, batch, True
-        request.limit = self.body_limit(topic, batch)
+        # Read up to the batch limit; the topic's own limit is looked up only for a body
+        # over it (rare), and Publisher.direct checks it exactly in any case.
+        request.limit = self.read_limit
+
+    def _over(self, request: Request, size: int) -> bool:
+        """Is ``size`` over the request's body limit (the publish's exact one)?"""
+        if size <= request.limit:
+            return False
+        if request.publish and not request.exact:
+            request.limit = self.body_limit(request.topic, request.batch)
+            request.exact = True
+        return size > request.limit
 
     def _too_large(self, request: Request) -> HttpError:
         if request.publish:
@@ -468,6 +483,7 @@ class HttpProtocol(asyncio.Protocol):
                 return
             if request.encoding is not None and request.encoding != b"identity":
                 try:
+                    self._over(request, 1 << 62)  # the exact limit, for the decoded size
                     _decode(request)
                 except HttpError as exc:
                     self._refused(request, exc)
@@ -611,6 +627,8 @@ def _decode(request: Request) -> None:
         raise HttpError(415, "unsupported_content_encoding",
                         f"Content-Encoding {(encoding or b'').decode('latin-1')!r} is not "
                         "supported; send the body as is, or gzip it", reason="invalid")
+    if request.publish and not request.exact:
+        raise AssertionError("the exact limit is set before decoding")
     decoder = zlib.decompressobj(wbits=31)
     try:
         body = decoder.decompress(request.body, request.limit + 1)

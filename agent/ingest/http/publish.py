@@ -23,6 +23,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from agent.ack_signal import socket_path as ack_socket_path
 from agent.buffer import keys
 from agent.buffer.committer import ShuttingDown
 from agent.buffer.store import BufferFull, BufferUnavailable, InvalidGroup
@@ -93,6 +94,10 @@ class Publisher:
         self.track = runtime.store.track
         self.locate = locate or store_locate(runtime.store)
         self.poll_interval = poll_interval
+        # The forwarder signals recorded acknowledgements here (agent/ack_signal.py); a
+        # test's own ``locate`` has no forwarder behind it: it is polled.
+        self.signal_path = (ack_socket_path(runtime.config.buffer.path) if locate is None
+                            else None)
         self.counters = LocalCounters(runtime.registry)
         self.deadlines = BodyDeadlines()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -121,7 +126,8 @@ class Publisher:
             self._loop = loop
             self._bridge = CompletionBridge(loop)
             self._watcher = DeliveryWatcher(self.locate, interval=self.poll_interval,
-                                            active=lambda: self.runtime.accepting)
+                                            active=lambda: self.runtime.accepting,
+                                            signal_path=self.signal_path)
             self.counters.detach()
         return self._bridge, self._watcher
 

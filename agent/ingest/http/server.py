@@ -157,8 +157,8 @@ class HttpServer:
             return HttpProtocol(limits=limits, connections=connections, date=date,
                                 publish=publisher.direct, body_limit=publisher.body_limit,
                                 too_large=publisher.too_large, refused=publisher.refused_early,
-                                gone=publisher.gone,
-                                asgi=asgi)
+                                gone=publisher.gone, asgi=asgi,
+                                read_limit=publisher.max_batch_bytes)
 
         server = await loop.create_server(protocol, sock=sock, backlog=BACKLOG)
         self._serving.set()
