@@ -4,10 +4,11 @@
   serves ``POST /topics/{topic}`` and ``POST /topics/{topic}/batch``; everything else goes to
   a Starlette app (management, ``/status/ping|health|ready``, ``/openapi.json`` and the status
   engineer's routes).
-- ``server.py``: ``HttpServer``, uvicorn (uvloop + httptools) in its own thread;
-  ``protocol.py`` its connection protocol (uvicorn's, with corked writes, a header deadline,
-  and publishes whose body came with their headers handed to ``Publisher.direct`` without
-  ASGI).
+- ``server.py``: ``HttpServer``, Ferry's protocol on uvloop in its own thread, with the
+  connection cap; ``protocol.py`` the protocol itself (httptools' public parser, every limit
+  of the exchange, publishes handed whole to ``Publisher.direct`` without ASGI);
+  ``asgi.py`` runs the other routes on the Starlette app.
+- ``auth.py``: the management token and the cross-site refusal.
 - ``topics.py``: ``TopicCatalog``, topic settings from the config file and the management API.
 - ``publish.py``: the publish handler; ``codecs.py`` validates and converts bodies;
   ``delivery.py`` waits for Kafka's acknowledgement (201 vs 202); ``idempotency.py`` and

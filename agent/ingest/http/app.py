@@ -1,11 +1,11 @@
 """The HTTP listener's one ASGI app: a raw fast path for publishing, Starlette for the rest.
 
-Measured on one core (bench/results/log.md): a thin ASGI app on uvicorn + httptools serves about
-twice the requests of the same app behind Starlette's routing and middleware. Publishing is
-the only high-rate route, so ``POST /topics/{topic}`` and ``POST /topics/{topic}/batch`` are
-matched by hand here and go straight to ``Publisher``; everything else (topic management,
-``/status/ping|health|ready``, ``/openapi.json`` and the status engineer's ``extra_routes``)
-goes to a Starlette app, where convenience matters more than microseconds.
+Publishing is the only high-rate route: Ferry's own server hands it to
+``Publisher.direct`` (protocol.py), and for any other ASGI server ``POST /topics/{topic}`` and
+``POST /topics/{topic}/batch`` are matched by hand here and go straight to ``Publisher``;
+everything else (topic management, ``/status/ping|health|ready``, ``/openapi.json`` and the
+status engineer's ``extra_routes``) goes to a Starlette app, where convenience matters more
+than microseconds.
 """
 
 from __future__ import annotations
