@@ -216,8 +216,8 @@ class Agent:
         self.forwarder.start()
         cfg = self.config
         if cfg.socket.path is not None:
-            from agent.ingest.http.topics import TopicCatalog
             from agent.ingest.socket_server import SocketServer
+            from agent.topics import TopicCatalog
 
             # Topics defined over HTTP set their max_message_bytes for datagrams too.
             catalog = TopicCatalog(cfg, self.store)

@@ -91,7 +91,7 @@ def main(config_data: dict[str, Any], conn: Connection) -> None:
 def _topic_settings(config: FerryConfig, store: Store) -> Any:
     """Per-topic settings: API-managed topics (HTTP management) override the config file's."""
     try:
-        from agent.ingest.http.topics import TopicCatalog
+        from agent.topics import TopicCatalog
     except ImportError:
         return config.topic
     catalog = TopicCatalog(config, store)

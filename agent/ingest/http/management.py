@@ -31,7 +31,8 @@ from starlette.routing import BaseRoute, Route
 from agent.config import TopicConfig
 from agent.ingest.http.codecs import BodyError, check_topic, is_json, media_type, parse_json
 from agent.ingest.http.errors import error_body
-from agent.ingest.http.topics import (
+from agent.runtime import Runtime
+from agent.topics import (
     InvalidTopicName,
     TopicCatalog,
     TopicEntry,
@@ -39,7 +40,6 @@ from agent.ingest.http.topics import (
     TopicNotFound,
     TopicReadOnly,
 )
-from agent.runtime import Runtime
 
 MAX_BODY_BYTES = 1024 * 1024
 MAX_ACK_TIMEOUT_MS = 60_000

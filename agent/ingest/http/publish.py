@@ -40,9 +40,9 @@ from agent.ingest.http.deadlines import BodyDeadlines
 from agent.ingest.http.delivery import CompletionBridge, DeliveryWatcher, Locate, store_locate
 from agent.ingest.http.errors import JSON_CONTENT_TYPE, HttpError
 from agent.ingest.http.ratelimit import RateLimiter
-from agent.ingest.http.topics import TopicCatalog, valid_topic
 from agent.records import Record, Source
 from agent.runtime import Phase, Runtime
+from agent.topics import TopicCatalog, valid_topic
 
 log = logging.getLogger(__name__)
 
