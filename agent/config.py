@@ -140,8 +140,12 @@ class KafkaClusterConfig(_Section):
     bootstrap_servers: str = "localhost:9092"
     # Any librdkafka property (TLS, SASL, ...); applied after Ferry's own defaults.
     properties: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    # Nothing acknowledged for this long while messages are outstanding => the cluster is down.
+    # The cluster is down once metadata probes have failed for this long, or once messages
+    # sent to it have been outstanding this long with nothing acknowledged (docs/design.md,
+    # "Cluster state"). Idleness never counts.
     outage_after_seconds: float = Field(default=10.0, gt=0)
+    # How often the forwarder asks the cluster for its metadata, with or without traffic.
+    probe_interval_seconds: float = Field(default=2.0, gt=0, le=300, allow_inf_nan=False)
 
 
 class KafkaConfig(_Section):

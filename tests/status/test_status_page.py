@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import time
 from pathlib import Path
 from typing import Any
 
@@ -250,3 +251,41 @@ def test_page_of_the_real_agent_follows_messages_to_kafka(
         assert texts(chromium, row)[8] == "local"
         assert page_errors(chromium) == []
         save_full_page(chromium, artifacts_dir / "status-page-real-agent.png")
+
+
+def test_page_says_why_a_cluster_is_down_and_why_a_topic_is_stuck(
+    chromium: WebDriver, status_server: StatusServer
+) -> None:
+    act = status_server.activity
+    now = time.time()
+    act.cluster("local", up=False)
+    act.cluster("remote", up=False)
+    why = ("no answer to a metadata request (Local: Timed out): Connect to "
+           "ipv4#127.0.0.1:1 failed: Connection refused")
+    act.registry.set_info("cluster_state", {
+        "local": {"state": "down", "reason": why, "since": now - 30},
+        "remote": {"state": "down", "reason": "no answer", "since": now - 30}})
+    act.accept("orders", 5)
+    act.registry.set_info("stuck_topics", {"orders": {
+        "error": "TOPIC_AUTHORIZATION_FAILED", "cluster": "local",
+        "detail": "Broker: Topic authorization failed", "operator": True,
+        "since": now - 60, "last_time": now, "failures": 42}})
+    open_page(chromium, status_server)
+    assert chromium.find_element(By.ID, "health").text.lower() == "critical"
+    state = texts(chromium, "#clusters tr[data-cluster='local'] td")[1]
+    assert state.startswith("DOWN") and "Connection refused" in state
+    row = texts(chromium, "#topics tr[data-topic='orders'] td")
+    assert row[0] == "orders"  # stuck topics come first
+    assert "STUCK: TOPIC_AUTHORIZATION_FAILED @local" in row[7]
+    assert "42 failed sends" in row[7] and "needs an operator" in row[7]
+    problems = " ".join(texts(chromium, "#problems li"))
+    assert "topic orders cannot be delivered" in problems
+    assert "cluster local is down: " + why in problems
+    # Time-axis labels in whole units (a 2-minute window ticks every 20 s).
+    labels = chromium.execute_script(
+        "return [0, 20, 40, 60, 80, 100, 120, 150, 300].map(window.ferryStatus.fmtTick)")
+    assert labels == ["now", "-20s", "-40s", "-1m", "-1m20s", "-1m40s", "-2m", "-2m30s",
+                      "-5m"]
+    drawn = chromium.execute_script("return window.ferryStatus.charts.rate.ticks")
+    assert drawn and all("." not in t for t in drawn), drawn
+    assert page_errors(chromium) == []
