@@ -153,6 +153,11 @@ class KafkaConfig(_Section):
     remote: KafkaClusterConfig | None = None
 
 
+# Longest an HTTP publish may wait for Kafka's acknowledgement (201) before answering 202:
+# a bound of TopicConfig, so the config file and the management API refuse the same values.
+MAX_ACK_TIMEOUT_MS = 60_000
+
+
 class TopicConfig(_Section):
     acks: Literal["all", "leader"] = "leader"
     ttl_seconds: int = Field(default=7 * 24 * 3600, ge=1)
@@ -162,7 +167,7 @@ class TopicConfig(_Section):
     schema_: str | None = Field(default=None, alias="schema")
     # messages/s over HTTP; 0 = unlimited. Finite: JSON has no infinity to store it as.
     rate_limit: float = Field(default=0, ge=0, allow_inf_nan=False)
-    ack_timeout_ms: int = Field(default=65, ge=0)
+    ack_timeout_ms: int = Field(default=65, ge=0, le=MAX_ACK_TIMEOUT_MS)
     fallback_to_remote: bool = False
     speculative_send_delay_ms: int = Field(default=250, ge=0)
 

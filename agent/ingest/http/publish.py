@@ -51,8 +51,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-# Longest Ferry holds a request waiting for Kafka, whatever a topic's ack_timeout_ms says.
-MAX_ACK_WAIT_MS = 60_000
 # Refusals of a request whose body is still coming keep the connection (httptools reads and
 # drops the rest of a declared body) unless that body is bigger than this.
 _DRAIN_LIMIT = 4 * 1024 * 1024
@@ -519,7 +517,8 @@ class Publisher:
 
     async def _answer(self, topic: str, ids: list[bytes], settings: TopicConfig, batch: bool,
                       replayed: bool = False) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        timeout_ms = min(settings.ack_timeout_ms, MAX_ACK_WAIT_MS)
+        # At most MAX_ACK_TIMEOUT_MS: a bound of TopicConfig (agent/config.py).
+        timeout_ms = settings.ack_timeout_ms
         if timeout_ms <= 0 or not self.track:
             return _response(ids, batch, False, replayed)
         _, watcher = self._bind()
