@@ -19,7 +19,8 @@ from typing import Any
 from agent.metrics import DEFINITIONS, Histogram, View
 
 SOURCES = ("socket", "http", "spool", "replay")
-SAMPLE_KINDS = ("discarded", "rejected", "error")
+# The kinds of agent/reasons.py, plus delivery errors (Kafka's error names).
+SAMPLE_KINDS = ("discarded", "rejected", "quarantined", "error")
 LEVELS = ("ok", "warning", "critical")
 # A topic whose sends fail with a transient error (agent/forwarder/failures.py) is WARNING
 # once it has failed this long with nothing acknowledged; one that needs an operator (an ACL,
@@ -390,6 +391,7 @@ def discards(view: View, ctx: Context) -> dict[str, Any]:
     counted = {
         "discarded": view.by("messages_discarded", "reason"),
         "rejected": view.by("messages_rejected", "reason"),
+        "quarantined": view.by("spool_files_quarantined", "reason"),
         "error": _merge_counts(view.by("delivery_failures", "error"),
                                view.by("cluster_errors", "error")),
     }
