@@ -282,6 +282,9 @@ def topics(view: View, ctx: Context) -> dict[str, Any]:
     for metric in ("messages_accepted", "messages_delivered", "messages_discarded",
                    "buffer_messages", "delivery_failures"):
         names.update(view.by(metric, "topic"))
+    stuck = view.info.get("stuck_topics")
+    if isinstance(stuck, Mapping):
+        names.update(str(t) for t in stuck)
     names.discard("")
     messages = view.by("buffer_messages", "topic")
     sizes = view.by("buffer_bytes", "topic")

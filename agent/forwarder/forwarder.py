@@ -40,6 +40,8 @@ LOCAL = "local"
 REMOTE = "remote"
 
 # What to do about each Kafka error (retry or discard, and why): agent/forwarder/failures.py.
+# The error a topic is stuck on while its partitions cannot be learnt (no send to fail).
+NO_PARTITIONS = "NO_PARTITIONS"
 
 
 # Errors after which an idempotent producer is rebuilt (at most every REPLACE_INTERVAL s).
@@ -99,6 +101,7 @@ class _TopicState:
     recovering: bool = False
     # Sends failing with an error that is retried, none acknowledged since (stuck.py).
     stuck: Stuck | None = None
+    waiting_since: float = 0.0  # partitions unknown since (monotonic; 0: known)
 
 
 class _Trouble:
@@ -187,6 +190,7 @@ class Forwarder:
         self._leaving = _Leaving()
         self._generations: dict[str, int] = {}
         self._next_topic_scan = 0.0
+        self._present: set[str] = set()  # topics with buffered messages, as last scanned
         self._next_gauges = 0.0
         self._replaced: dict[tuple[str, str], float] = {}
         self._delete_trouble = _Trouble("removing messages from the buffer", registry,
@@ -246,8 +250,10 @@ class Forwarder:
         if len(lv.discards) - lv.logged >= MAX_HELD_DISCARDS:
             return False  # the discard log refuses lines: hold no more (see the constant)
         if now >= self._next_topic_scan:
-            for t in self.store.topics():
+            present = self.store.topics()
+            for t in present:
                 self._topics.setdefault(t, _TopicState())
+            self._present = set(present)
             self._generations = self.store.generations()
             self._next_topic_scan = now + 0.01
         worked = False
@@ -265,7 +271,12 @@ class Forwarder:
                 # Partitions being looked up (or the cluster is unreachable): the messages
                 # wait in the buffer, but the TTL still applies to them.
                 worked |= self._expire_head(topic, st, now)
+                self._waiting_for_layout(topic, st, now)
                 continue
+            if st.waiting_since:
+                st.waiting_since = 0.0
+                if st.stuck is not None and st.stuck.error == NO_PARTITIONS:
+                    self._unstuck(topic, st)
             batch = self.store.read(topic, st.cursor, min(room, 2000))
             if not batch:
                 st.drained_at = now
@@ -625,6 +636,22 @@ class Forwarder:
             self._limited.warning(f"stuck:{topic}", "topic %s cannot be delivered: %s at "
                                   "cluster %s (%s); its messages stay buffered and are retried "
                                   "until ttl_seconds", topic, code, cluster, error)
+
+    def _waiting_for_layout(self, topic: str, st: _TopicState, now: float) -> None:
+        """A topic with messages whose partitions cannot be learnt (its cluster unreachable,
+        or not answering for it) sends nothing, so no send fails to say why: after
+        outage_after_seconds it is stuck on NO_PARTITIONS, with the cluster's state."""
+        if not st.waiting_since:
+            st.waiting_since = now
+            return
+        local = self.clusters[LOCAL]
+        if (st.stuck is None and topic in self._present
+                and now - st.waiting_since >= local.config.outage_after_seconds):
+            h = local.health
+            self._stuck(topic, NO_PARTITIONS, LOCAL,
+                        f"its partitions are not known after {now - st.waiting_since:.0f} s; "
+                        f"cluster {LOCAL} is {h.state}" + (f": {h.reason}" if h.reason else ""),
+                        False)
 
     def _unstuck(self, topic: str, st: _TopicState) -> None:
         stuck = st.stuck
