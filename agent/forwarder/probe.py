@@ -59,9 +59,11 @@ class Probe:
         self._thread.start()
 
     def stop(self) -> None:
+        # Not waited for long: a probe of an unreachable cluster runs up to its timeout, and
+        # a shutdown must not wait on it (the thread is a daemon; its verdict is moot now).
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(self.timeout + 1.0)
+            self._thread.join(0.5)
 
     def _error(self, err: KafkaError) -> None:
         self.health.client_error(err.str())
