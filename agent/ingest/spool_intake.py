@@ -427,14 +427,19 @@ class SpoolIntake:
         try:
             self.store.append_encoded(runs, state_puts=puts)
         except InvalidGroup as exc:
-            registry.inc("messages_rejected", sum(len(r[1]) for r in runs),
-                         source=Source.SPOOL, reason=InvalidGroup.reason)
+            n = sum(len(r[1]) for r in runs)
+            registry.inc("messages_rejected", n, source=Source.SPOOL, reason=InvalidGroup.reason)
+            registry.sample("rejected", InvalidGroup.reason, {"source": Source.SPOOL,
+                                                              "detail": str(exc), "messages": n})
             raise _Unstorable(str(exc)) from None
         except (BufferFull, BufferUnavailable) as exc:
             # buffer_full, disk_full (the filesystem's reserve), or the disk's own error.
             reason = getattr(exc, "reason", "buffer_full")
-            registry.inc("messages_rejected", sum(len(r[1]) for r in runs),
-                         source=Source.SPOOL, reason=reason)
+            n = sum(len(r[1]) for r in runs)
+            registry.inc("messages_rejected", n, source=Source.SPOOL, reason=reason)
+            # A sample with its time for the page, as the other sources leave.
+            registry.sample("rejected", reason, {"source": Source.SPOOL, "detail": str(exc),
+                                                 "messages": n})
             return exc
         registry.inc("buffer_commits", writer=Source.SPOOL)
         registry.observe("buffer_commit_seconds", time.perf_counter() - started,
