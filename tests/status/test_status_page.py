@@ -15,7 +15,7 @@ from agent.daemon import Agent
 from ferry_client import FerryClient
 from status.routes import StatusService
 from tests.agent_harness import AgentProcess, write_config
-from tests.kafka import Broker, unique_topic_name
+from tests.kafka import Broker, free_port, unique_topic_name
 from tests.status.statuskit import Activity, StatusServer, serve
 from tests.waiting import wait_until
 
@@ -289,3 +289,23 @@ def test_page_says_why_a_cluster_is_down_and_why_a_topic_is_stuck(
     drawn = chromium.execute_script("return window.ferryStatus.charts.rate.ticks")
     assert drawn and all("." not in t for t in drawn), drawn
     assert page_errors(chromium) == []
+
+
+def test_page_of_an_agent_whose_only_cluster_is_unreachable_is_critical(
+    chromium: WebDriver, tmp_path: Path
+) -> None:
+    """No traffic at all, Kafka on a closed port: the page turns CRITICAL from the probes
+    alone, and its cluster row says why (issue 17: it used to stay OK)."""
+    closed = free_port()
+    with AgentProcess(write_config(tmp_path, f"127.0.0.1:{closed}")) as agent:
+        chromium.set_window_size(1400, 1000)
+        chromium.get(agent.http_url + "/?refresh=250")
+        page_errors(chromium)
+        wait_until(lambda: chromium.find_element(By.ID, "health").text.lower() == "critical",
+                   timeout=15, message="the page's badge CRITICAL without traffic")
+        state = wait_until(lambda: (t := texts(chromium, "#clusters tr[data-cluster='local'] td"))
+                           and "Connection refused" in t[1] and t[1], timeout=10,
+                           message="the cluster row's reason")
+        assert state.startswith("DOWN")
+        assert "cluster local is down" in " ".join(texts(chromium, "#problems li"))
+        assert page_errors(chromium) == []
