@@ -35,6 +35,7 @@ from typing import Any, Literal, cast
 import lmdb
 
 from agent.buffer import codec, keys
+from agent.buffer.compact import hold_shared
 from agent.buffer.space import InsufficientSpace as InsufficientSpace  # the daemon's
 from agent.buffer.space import Space, prepare_lock_file
 from agent.records import Record
@@ -239,6 +240,15 @@ class Store:
         if not readonly:
             path.mkdir(parents=True, exist_ok=True)
             prepare_lock_file(path)
+        # Shared while open, so that compaction can never rename the file under us.
+        # A read-only opener (a tool without write access to the directory) may not be able
+        # to create the lock file; a rename under it only shows it stale data.
+        self._usage_fd: int | None = None
+        try:
+            self._usage_fd = hold_shared(path)
+        except OSError:
+            if not readonly:
+                raise
         existing = path / "data.mdb"
         start = max(initial_map_bytes, existing.stat().st_size if existing.exists() else 0)
         try:
@@ -255,6 +265,7 @@ class Store:
                 lock=True,
             )
         except lmdb.Error as exc:
+            self._release_usage()
             # A new environment's first pages could not be written: say why, clearly.
             refusal = _unavailable(exc, path)
             if refusal.reason == "disk_full" and not readonly:
@@ -289,6 +300,7 @@ class Store:
             except BaseException:
                 self.space.close()
                 self._env.close()
+                self._release_usage()
                 raise
         # set_mapsize() may only run while this process has no transaction open; every
         # transaction goes through _txn(), which counts them.
@@ -300,6 +312,12 @@ class Store:
         if self.space is not None:
             self.space.close()
         self._env.close()
+        self._release_usage()
+
+    def _release_usage(self) -> None:
+        if self._usage_fd is not None:
+            os.close(self._usage_fd)
+            self._usage_fd = None
 
     def __enter__(self) -> Store:
         return self
