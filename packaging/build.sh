@@ -57,10 +57,14 @@ tools=$cache/tools-nfpm-$NFPM_VERSION
 log() { printf 'build.sh: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
+# Reads this repository's history even when another user owns the clone (git refuses
+# "dubious ownership" otherwise, e.g. a CI checkout built as root).
+repo_git() { git -c safe.directory="$repo" -C "$repo" "$@"; }
+
 # A package names a person or team to write to: the Debian and RPM tools reject a made-up
 # host (lintian's bogus-mail-host), so there is no built-in default address.
-if [ -z "$maintainer" ] && git -C "$repo" rev-parse --verify -q HEAD >/dev/null 2>&1; then
-  maintainer=$(git -C "$repo" log -1 --format='%an <%ae>')
+if [ -z "$maintainer" ] && repo_git rev-parse --verify -q HEAD >/dev/null 2>&1; then
+  maintainer=$(repo_git log -1 --format='%an <%ae>')
 fi
 [ -n "$maintainer" ] || die "no maintainer: pass --maintainer 'Name <address>' (no git history to take it from)"
 case $maintainer in
@@ -180,8 +184,8 @@ PY
 
 # The changelog both formats carry (changelog.Debian.gz, %changelog): one entry for this
 # build, dated by the packaged commit so that rebuilding the same tree gives the same text.
-released=$(git -C "$repo" log -1 --format=%cI 2>/dev/null || date -u +%Y-%m-%dT%H:%M:%SZ)
-commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo "an unversioned tree")
+released=$(repo_git log -1 --format=%cI 2>/dev/null || date -u +%Y-%m-%dT%H:%M:%SZ)
+commit=$(repo_git rev-parse --short HEAD 2>/dev/null || echo "an unversioned tree")
 cat > "$work/changelog.yml" <<YAML
 - semver: "$version-1"
   date: "$released"

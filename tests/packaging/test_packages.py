@@ -168,7 +168,8 @@ def test_deb_depends_on_the_c_library_its_compiled_modules_need(packages: Packag
 def test_maintainer_is_a_real_address_and_the_changelog_names_this_version(
     packages: Packages, tmp_path: Path
 ) -> None:
-    author = run(["git", "-C", REPO_ROOT, "log", "-1", "--format=%an <%ae>"]).stdout.strip()
+    author = run(["git", "-c", f"safe.directory={REPO_ROOT}", "-C", REPO_ROOT, "log", "-1",
+                  "--format=%an <%ae>"]).stdout.strip()
     assert run(["dpkg-deb", "-f", packages.deb, "Maintainer"]).stdout.strip() == author
     assert run(["rpm", "-qp", "--qf", "%{PACKAGER}", packages.rpm]).stdout == author
     assert "@localhost" not in author
