@@ -24,8 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.metrics import DEFINITIONS
 from tests.agent_harness import AgentProcess, write_config
-from tests.kafka import Broker
+from tests.kafka import Broker, create_topic, unique_topic_name
 from tests.packaging import harness
+from tests.waiting import wait_until
 
 MONITORING = harness.PACKAGING / "monitoring"
 RULES = MONITORING / "ferry-alerts.yml"
@@ -215,10 +216,35 @@ def exported(text: str) -> tuple[set[str], dict[str, set[str]]]:
 def test_every_metric_in_the_rules_and_dashboard_is_one_the_agent_exports(
     session_broker: Broker, tmp_path: Path
 ) -> None:
+    topic = unique_topic_name("monitoring")
+    create_topic(session_broker.bootstrap, topic)
     config = write_config(tmp_path / "agent", session_broker.bootstrap)
-    with AgentProcess(config) as agent, \
-            urllib.request.urlopen(agent.http_url + "/metrics", timeout=10) as response:
-        text = response.read().decode()
+    with AgentProcess(config) as agent:
+        publish = urllib.request.Request(f"{agent.http_url}/topics/{topic}", data=b"hello",
+                                         method="POST")
+        with urllib.request.urlopen(publish, timeout=10) as answer:
+            assert answer.status in (201, 202)
+
+        # A gauge the rules compare must be set by a running agent, or its alert never
+        # fires; the agent sets them within a few monitor ticks. Per-topic buffer gauges
+        # exist only while the topic holds messages (the message here is delivered at once),
+        # and labelled counters appear with their first event; the rules allow for both.
+        gauges = {f"ferry_{d.name}" for d in DEFINITIONS.values()
+                  if d.kind == "gauge" and "topic" not in d.labels}
+        rule_gauges = set().union(*(metric_names(r["expr"]) for r in alert_rules())) & gauges
+        assert {"ferry_buffer_used_bytes", "ferry_buffer_full", "ferry_cluster_up"} \
+            <= rule_gauges
+
+        def settled_metrics() -> str | None:
+            with urllib.request.urlopen(agent.http_url + "/metrics", timeout=10) as response:
+                text = str(response.read().decode())
+            sampled = set(exported(text)[1])
+            wanted = rule_gauges | {"ferry_messages_delivered_total"}
+            return text if wanted <= sampled else None
+
+        text = wait_until(settled_metrics, timeout=30, message=f"samples of {rule_gauges} "
+                          "and a delivered message on /metrics")
+        assert text is not None
     names, seen_labels = exported(text)
     assert "ferry_buffer_max_bytes" in names and "ferry_build_info" in seen_labels
 
