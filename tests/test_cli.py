@@ -410,6 +410,7 @@ def test_help_is_plain_text_and_every_command_says_what_it_does() -> None:
                 "send": "Send messages", "status": "Summary of a running agent",
                 "buffer": "Inspect the buffer", "replay": "Put messages from a discard log",
                 "buffer topics": "Per-topic depth", "buffer peek": "Show the oldest messages",
+                "buffer compact": "Give a drained buffer's disk space back",
                 "buffer purge": "Delete every buffered message"}
     for command, heading in commands.items():
         shown = ferry(*command.split(), "--help")
