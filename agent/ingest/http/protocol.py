@@ -325,7 +325,8 @@ class HttpProtocol(asyncio.Protocol):
                 self._refuse(cause.error)
             else:
                 self._refuse(HttpError(400, "invalid_http",
-                                       f"the request is not valid HTTP/1.1: {exc}", close=True))
+                                       f"the request is not valid HTTP/1.1: {exc}",
+                                       reason="invalid_http", close=True))
         if self.parsing == "headers":
             self.tail = data[-3:]
         self._next()
@@ -363,7 +364,8 @@ class HttpProtocol(asyncio.Protocol):
         if len(request.url) > self.limits.request_line:
             raise _Fatal(HttpError(414, "uri_too_long",
                                    f"the request target is over {self.limits.request_line} "
-                                   "bytes (http.max_request_line_bytes)", close=True))
+                                   "bytes (http.max_request_line_bytes)",
+                                   reason="uri_too_long", close=True))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         request = self.request
@@ -372,7 +374,8 @@ class HttpProtocol(asyncio.Protocol):
         if self.head_count > self.limits.headers:
             raise _Fatal(HttpError(431, "headers_too_large",
                                    f"more than {self.limits.headers} header fields "
-                                   "(http.max_headers)", close=True))
+                                   "(http.max_headers)", reason="headers_too_large",
+                                   close=True))
         # Headers that arrived in one read never pass _head_fits: counted here as well.
         self.head_parsed += len(name) + len(value) + 4
         if self.head_parsed > self.limits.header_bytes:
@@ -438,7 +441,7 @@ class HttpProtocol(asyncio.Protocol):
         if b"%" in rest and b"%2f" in rest.lower():
             raise _Fatal(HttpError(400, "invalid_topic",
                                    "a topic name cannot hold a slash, encoded (%2F) or not",
-                                   reason="invalid", close=True))
+                                   reason="invalid_topic", close=True))
         if request.method != b"POST" or not segments[0]:
             return
         if len(segments) == 2 and segments[1] == _BATCH:
@@ -601,7 +604,7 @@ class HttpProtocol(asyncio.Protocol):
             self._refuse(HttpError(408, "request_timeout",
                                    f"the body did not arrive within "
                                    f"{self.limits.body_timeout:g} s "
-                                   "(http.body_timeout_seconds)", reason="timeout",
+                                   "(http.body_timeout_seconds)", reason="request_timeout",
                                    close=True))
             self._next()
         else:
@@ -611,7 +614,7 @@ class HttpProtocol(asyncio.Protocol):
 def _headers_too_large(limits: Limits) -> HttpError:
     return HttpError(431, "headers_too_large",
                      f"the request's headers are over {limits.header_bytes} bytes "
-                     "(http.max_header_bytes)", close=True)
+                     "(http.max_header_bytes)", reason="headers_too_large", close=True)
 
 
 def _unquote(raw: bytes) -> str:
@@ -626,7 +629,8 @@ def _decode(request: Request) -> None:
     if encoding not in (b"gzip", b"x-gzip"):
         raise HttpError(415, "unsupported_content_encoding",
                         f"Content-Encoding {(encoding or b'').decode('latin-1')!r} is not "
-                        "supported; send the body as is, or gzip it", reason="invalid")
+                        "supported; send the body as is, or gzip it",
+                        reason="unsupported_content_encoding")
     if request.publish and not request.exact:
         raise AssertionError("the exact limit is set before decoding")
     decoder = zlib.decompressobj(wbits=31)
@@ -635,12 +639,13 @@ def _decode(request: Request) -> None:
         complete = decoder.eof
     except zlib.error as exc:
         raise HttpError(400, "invalid_body", f"the gzip body cannot be decoded: {exc}",
-                        reason="invalid") from None
+                        reason="invalid_body") from None
     if len(body) > request.limit:
         raise HttpError(413, "too_large", f"the decoded body is over the limit of "
                         f"{request.limit} bytes", reason="too_large")
     if not complete:
-        raise HttpError(400, "invalid_body", "the gzip body is truncated", reason="invalid")
+        raise HttpError(400, "invalid_body", "the gzip body is truncated",
+                        reason="invalid_body")
     request.parts = [body]
     request.size = len(body)
     request.encoding = None
