@@ -124,13 +124,24 @@ class DeliveryWatcher:
     async def wait(self, topic: str, ids: Sequence[bytes], timeout: float) -> bool:
         """True once every id (all of ``topic``) was delivered; False at ``timeout``, on a
         discard or at shutdown."""
-        if not ids or timeout <= 0:
-            return False
+        return await self.watch(topic, ids, timeout)
+
+    def watch(self, topic: str, ids: Sequence[bytes], timeout: float) -> asyncio.Future[bool]:
+        """``wait`` as a future, for callers on callbacks (cancelling it ends the wait)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bool] = loop.create_future()
+        if not ids or timeout <= 0:
+            future.set_result(False)
+            return future
         wait = _Wait(topic, ids, future)
         self._waits.add(wait)
         timer = loop.call_later(timeout, _settle, future, False)
+
+        def done(_: asyncio.Future[bool]) -> None:
+            timer.cancel()
+            self._waits.discard(wait)
+
+        future.add_done_callback(done)
         if self._task is None or self._task.done():
             if self.signal_path is not None and self._listener is None:
                 self._listen(loop)
@@ -139,11 +150,7 @@ class DeliveryWatcher:
                 # been signalled already.
                 self._signalled.set()
             self._task = loop.create_task(self._poll())
-        try:
-            return await future
-        finally:
-            timer.cancel()
-            self._waits.discard(wait)
+        return future
 
     @property
     def waiting(self) -> int:

@@ -180,15 +180,18 @@ class Publisher:
             request = self._check(topic, headers, batch)
             if len(body) > request.limit:
                 raise _body_too_large(request.limit, topic, batch)
-            if request.ikey is not None or self._waits_for_kafka(request.settings):
+            if request.ikey is not None:
                 task = asyncio.get_running_loop().create_task(self._store(request, body))
                 self._tasks.add(task)
                 task.add_done_callback(functools.partial(self._stored, request, reply))
                 return
             records = self._records(request, body)
             self._rate_limit(request, len(records))
-            self._enqueue(records, None,
-                          functools.partial(self._committed, request, len(records), reply))
+            # Waiting for Kafka (201) goes on callbacks too: a task per request cost more
+            # CPU than the wait itself.
+            done = (self._committed_wait if self._waits_for_kafka(request.settings)
+                    else self._committed)
+            self._enqueue(records, None, functools.partial(done, request, len(records), reply))
             self._direct_pending += 1
         except Exception as exc:  # noqa: BLE001 - refusals, and bugs (500, logged)
             status, out_headers, answer = self._refused(exc, topic)
@@ -237,6 +240,29 @@ class Publisher:
                 (*_response(ids, request.batch, False, False), n))
         except Exception as exc:  # noqa: BLE001 - refusals, and bugs (500, logged)
             status, headers, body = self._refused(exc, request.topic)
+        self.counters.add_key(_REQUESTS[request.batch][status])
+        reply(status, headers, body)
+
+    def _committed_wait(self, request: _Request, n: int, reply: Reply, result: Any) -> None:
+        """On the loop: stored; now wait for Kafka's acknowledgement (up to the topic's
+        ack_timeout_ms), then answer 201 or 202."""
+        try:
+            ids = _ids(result, n)
+        except Exception:  # noqa: BLE001 - a refusal: answered as any other
+            self._committed(request, n, reply, result)
+            return
+        _, watcher = self._bind()
+        timeout_ms = request.settings.ack_timeout_ms  # bounded by TopicConfig
+        watcher.watch(request.topic, ids, timeout_ms / 1000).add_done_callback(
+            functools.partial(self._acknowledged, request, ids, reply))
+
+    def _acknowledged(self, request: _Request, ids: list[bytes], reply: Reply,
+                      future: asyncio.Future[bool]) -> None:
+        """On the loop: Kafka acknowledged ``ids`` in time, or not; answer."""
+        self._direct_pending -= 1
+        delivered = not future.cancelled() and future.exception() is None and future.result()
+        status, headers, body = self._received(
+            (*_response(ids, request.batch, delivered, False), len(ids)))
         self.counters.add_key(_REQUESTS[request.batch][status])
         reply(status, headers, body)
 
