@@ -482,6 +482,10 @@ class SpoolIntake:
         pending.event.wait()
         if isinstance(pending.result, list):
             return True
+        if isinstance(pending.result, InvalidGroup):
+            # Refused for good, and already counted by the committer: committing it again
+            # would only count its records a second time.
+            raise _Unstorable(str(pending.result))
         return self._commit(batch, puts)
 
     def _commit(self, batch: list[Record], puts: dict[bytes, bytes]) -> bool:
