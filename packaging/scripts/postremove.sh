@@ -11,6 +11,10 @@ case "$1" in
   purge)
     rm -rf /var/lib/ferry /run/ferry
     rm -f /etc/systemd/system/multi-user.target.wants/ferry.service
+    # The management token (created by postinst, not a file of the package), then the
+    # directory dpkg could not remove while the token was in it.
+    rm -f /etc/ferry/management.token
+    rmdir /etc/ferry 2>/dev/null || true
     ;;
   0)
     rm -f /etc/systemd/system/multi-user.target.wants/ferry.service
