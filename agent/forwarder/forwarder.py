@@ -28,6 +28,7 @@ from agent.config import FerryConfig, TopicConfig
 from agent.forwarder.clusters import Cluster
 from agent.forwarder.discard_log import Discard, DiscardLog
 from agent.forwarder.partitioner import UNASSIGNED, TopicLayout, choose
+from agent.forwarder.transactions import ExactlyOnce
 from agent.metrics import REGISTRY, Registry
 
 log = logging.getLogger(__name__)
@@ -197,9 +198,16 @@ class Forwarder:
                                         "buffer_delete")
         self._log_trouble = _Trouble("writing the discard log", registry, "discard_log")
         self._log_retry_at = 0.0
+        # Topics with delivery = "exactly_once" are sent by their own thread (transactions.py)
+        # and skipped by this loop.
+        self.exactly_once = ExactlyOnce(config, store, registry=registry,
+                                        topic_settings=self.topic_settings,
+                                        cluster=self.clusters[LOCAL],
+                                        discard_log=self.discard_log)
 
     # -- the loop --------------------------------------------------------------------------
     def run(self, should_stop: Callable[[], bool]) -> None:
+        self.exactly_once.start()
         while not should_stop():
             if not self.step():
                 # Idle: wait for delivery reports a moment rather than spin.
@@ -248,6 +256,8 @@ class Forwarder:
             self._next_topic_scan = now + 0.01
         worked = False
         for topic, st in self._topics.items():
+            if self.exactly_once.owns(topic):
+                continue  # sent in transactions by self.exactly_once
             room = min(self.per_topic_cap - st.in_flight, self.max_in_flight - self._in_flight)
             if st.recovering:
                 if st.retry or st.sending:
@@ -783,6 +793,7 @@ class Forwarder:
     def shutdown(self, timeout: float = 5.0) -> None:
         """Give in-flight messages a moment to be acknowledged, then record what was."""
         deadline = time.monotonic() + timeout
+        self.exactly_once.stop(timeout)
         while self._in_flight > 0 and time.monotonic() < deadline:
             self._poll()
             self._handle_reports()

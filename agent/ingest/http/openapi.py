@@ -95,6 +95,7 @@ _SETTINGS_PROPERTIES: dict[str, Any] = {
     "ack_timeout_ms": {"type": "integer", "minimum": 0, "maximum": MAX_ACK_TIMEOUT_MS},
     "fallback_to_remote": {"type": "boolean"},
     "speculative_send_delay_ms": {"type": "integer", "minimum": 0},
+    "delivery": {"type": "string", "enum": ["at_least_once", "exactly_once"]},
 }
 
 
