@@ -178,14 +178,15 @@ class TopicConfig(_Section):
     def _exactly_once_rules(self) -> TopicConfig:
         if self.delivery != "exactly_once":
             return self
-        if self.acks == "leader" and "acks" in self.model_fields_set:
+        if self.acks != "all":
+            # Not implied: the default is "leader", and a topic's settings should read as
+            # what they do. Transactions need idempotent acks=all producers.
             raise ValueError('delivery = "exactly_once" needs acks = "all" (transactions '
-                             'write with acks=all); remove acks or set it to "all"')
+                             'write with acks=all): set acks = "all" for this topic')
         if self.fallback_to_remote:
             raise ValueError('delivery = "exactly_once" cannot be combined with '
                              'fallback_to_remote: a second send to another cluster would '
                              'deliver the message twice')
-        self.acks = "all"  # not set explicitly: exactly-once implies it
         return self
 
 

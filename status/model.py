@@ -339,6 +339,23 @@ def spool(view: View, ctx: Context) -> dict[str, Any]:
     }
 
 
+def transactions(view: View, ctx: Context) -> dict[str, Any]:
+    """Exactly-once topics (delivery = "exactly_once"): Kafka transactions and, per topic, the
+    progress position (acceptance time of the newest message committed to Kafka)."""
+    fenced = _gauge(view, "transactions_fenced")
+    progress = view.by("transaction_progress_timestamp_seconds", "topic")
+    return {
+        "time": ctx.now,
+        "committed": _count(view.total("transactions_committed")),
+        "aborted": _count(view.total("transactions_aborted")),
+        "aborted_by_reason": _counts(view.by("transactions_aborted", "reason")),
+        "latency": _latency(view.histogram("transaction_seconds")),
+        "fenced": bool(fenced is not None and fenced >= 1),
+        "progress": [{"topic": t, "committed_up_to": _num(progress[t])}
+                     for t in sorted(progress) if t],
+    }
+
+
 def discards(view: View, ctx: Context) -> dict[str, Any]:
     """Bruce's discard report: counts by reason with the last few examples of each."""
     counted = {
@@ -404,6 +421,7 @@ def everything(
         "topics": topics(view, ctx)["topics"],
         "clusters": clusters(view, ctx)["clusters"],
         "spool": spool(view, ctx),
+        "transactions": transactions(view, ctx),
         "discards": discards(view, ctx),
         "history": [dict(p) for p in history],
     }

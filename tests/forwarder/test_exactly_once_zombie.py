@@ -45,7 +45,7 @@ def _config(root: Path, bootstrap: str, topic: str) -> FerryConfig:
         "forwarder": {"agent_id": "zombie-test", "linger_ms": 1,
                       "transaction_interval_ms": 200,
                       "progress_topic": f"{topic}-progress"},
-        "topics": {topic: {"delivery": "exactly_once"}},
+        "topics": {topic: {"delivery": "exactly_once", "acks": "all"}},
     })
 
 
