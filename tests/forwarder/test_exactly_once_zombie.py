@@ -156,3 +156,47 @@ def test_successor_leaves_each_message_once(tmp_path: Path, broker: Broker, uniq
         assert registry.view().total("messages_delivered") == N
     finally:
         store.close()
+
+
+def test_a_second_running_agent_with_the_same_identity_fences_the_first_loudly(
+    tmp_path: Path, broker: Broker, unique_topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two hosts from one cloned image: same identity, each its own buffer. The one that
+    starts second fences the first, which stops its exactly-once topics and says so, rather
+    than fencing back (the two would take turns, each reading the other's progress)."""
+    topic = unique_topic
+    first_cfg = _config(tmp_path / "first", broker.bootstrap, topic)
+    second_cfg = _config(tmp_path / "second", broker.bootstrap, topic)
+    first_store = Store(first_cfg.buffer.path, first_cfg.buffer.max_bytes)
+    second_store = Store(second_cfg.buffer.path, second_cfg.buffer.max_bytes)
+    first_reg, second_reg = Registry(), Registry()
+    first = _sender(first_cfg, first_store, first_reg)
+    second = _sender(second_cfg, second_store, second_reg)
+
+    def buffered(store: Store) -> int:
+        return sum(s.messages for s in store.topic_stats())
+
+    try:
+        first_store.append([[Record(topic, b"first-%d" % i) for i in range(50)]])
+        first.start()
+        wait_until(lambda: buffered(first_store) == 0, timeout=60, message="first delivers")
+        second_store.append([[Record(topic, b"second-%d" % i) for i in range(50)]])
+        second.start()
+        wait_until(lambda: buffered(second_store) == 0, timeout=60, message="second delivers")
+        # The first one's next transaction meets the fence.
+        first_store.append([[Record(topic, b"after-%d" % i) for i in range(50)]])
+        wait_until(lambda: first_reg.view().total("transactions_fenced") == 1, timeout=60,
+                   message="the first agent fenced")
+        assert buffered(first_store) == 50  # kept, not lost, not sent
+        assert any("STOPPED" in r.getMessage() and "zombie-test" in r.getMessage()
+                   for r in caplog.records if r.levelname == "ERROR")
+        assert ("error", "fenced") in first_reg.view().samples
+        assert second_reg.view().total("transactions_fenced") == 0
+    finally:
+        first.stop(5)
+        second.stop(5)
+        first_store.close()
+        second_store.close()
+    values = [v for _, _, _, v in _read_committed(broker.bootstrap, topic)]
+    assert sorted(values) == sorted([b"first-%d" % i for i in range(50)]
+                                    + [b"second-%d" % i for i in range(50)])
