@@ -498,6 +498,10 @@ def health(doc: Mapping[str, Any], thresholds: Thresholds = DEFAULT_THRESHOLDS) 
         else:
             text = f"clusters {', '.join(down)} are down"
         problems.append(_problem("critical" if every else "warning", "cluster", text))
+    if doc.get("transactions", {}).get("fenced"):
+        problems.append(_problem("critical", "fenced",
+                                 "exactly-once topics stopped: another running agent uses this "
+                                 "agent's identity (forwarder.agent_id)"))
     history = doc.get("history") or []
     now = doc.get("time")
     if history and isinstance(now, int | float):
