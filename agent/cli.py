@@ -82,6 +82,8 @@ def _parser() -> argparse.ArgumentParser:
     peek = bsub.add_parser("peek", help="show the oldest messages of a topic")
     peek.add_argument("topic")
     peek.add_argument("--limit", type=int, default=10)
+    bsub.add_parser("compact", help="give a drained buffer's disk space back (agent stopped): "
+                    "rewrite the file without its free pages")
     purge = bsub.add_parser("purge", help="delete every buffered message of a topic")
     purge.add_argument("topic")
     purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
@@ -210,6 +212,8 @@ def _buffer(args: argparse.Namespace) -> int:
     if not (config.buffer.path / "data.mdb").exists():
         print(f"ferry buffer: no buffer at {config.buffer.path}", file=sys.stderr)
         return 1
+    if args.buffer_command == "compact":
+        return _compact(config.buffer.path)
     with Store(config.buffer.path, config.buffer.max_bytes,
                reserve_bytes=config.buffer.reserve_bytes) as store:
         if args.buffer_command == "topics":
@@ -244,6 +248,21 @@ def _buffer(args: argparse.Namespace) -> int:
             print(f"purged {n} messages of {args.topic}")
             return 0
     return 2
+
+
+def _compact(path: Path) -> int:
+    from agent.buffer.compact import BufferBusy, compact
+
+    try:
+        done = compact(path)
+    except BufferBusy as exc:
+        print(f"ferry buffer compact: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"ferry buffer compact: {exc}; the buffer is unchanged", file=sys.stderr)
+        return 1
+    print(f"compacted {path}/data.mdb: {done.before_bytes:,} -> {done.after_bytes:,} bytes")
+    return 0
 
 
 # -- replay --------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
+from agent import memory
 from agent.buffer.committer import Committer
 from agent.buffer.store import Store
 from agent.config import FerryConfig
@@ -30,6 +31,9 @@ from agent.metrics import REGISTRY, Registry
 from agent.records import REPLAYED, Source
 from agent.runtime import Phase, Runtime
 from agent.supervision import Exit, GaveUp, RestartPolicy, supervise
+
+# Reading /proc/<pid>/smaps costs a few milliseconds a process; memory moves slowly.
+MEMORY_SAMPLE_SECONDS = 5.0
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +212,7 @@ class Agent:
         self._monitor = threading.Thread(target=self._monitor_loop, name="monitor", daemon=True)
         # Totals `ferry replay` keeps in the buffer, as last seen: growth is counted.
         self._replayed = self._replay_totals()
+        self._next_memory_sample = 0.0
         registry.set_info("version", _version())
         registry.set("buffer_max_bytes", float(config.buffer.max_bytes))
 
@@ -289,6 +294,21 @@ class Agent:
         # Re-checked here too, not only when /status/ready asks: with no input and only
         # /metrics scraped, the gauge would otherwise stay 1 after the buffer drained.
         reg.set("buffer_full", 1.0 if self.committer.full else 0.0)
+        if time.monotonic() >= self._next_memory_sample:
+            self._next_memory_sample = time.monotonic() + MEMORY_SAMPLE_SECONDS
+            self._sample_memory()
+
+    def _sample_memory(self) -> None:
+        data_file = self.config.buffer.path / "data.mdb"
+        series: dict[tuple[tuple[str, str], ...], float] = {}
+        for name, pid in (("ingest", os.getpid()), ("forwarder", self.forwarder.pid)):
+            mem = memory.read(pid, data_file) if pid is not None else None
+            if mem is None:
+                continue
+            for kind, value in (("rss", mem.rss_bytes), ("anonymous", mem.anonymous_bytes),
+                                ("buffer_mapped", mem.buffer_mapped_bytes)):
+                series[(("kind", kind), ("process", name))] = float(value)
+        self.registry.replace_gauge("process_memory_bytes", series)
 
 
 def _decode_total(raw: bytes) -> int:

@@ -114,6 +114,10 @@ DEFINITIONS: dict[str, MetricDef] = {
                   "transactional producer: exactly-once topics are stopped."),
         MetricDef("http_requests", "counter", "HTTP requests answered.", ("route", "status")),
         MetricDef("process_restarts", "counter", "Child processes restarted.", ("process",)),
+        MetricDef("process_memory_bytes", "gauge",
+                  "Memory of each Ferry process by kind: rss (all resident), anonymous (its "
+                  "own: heap, Python, librdkafka), buffer_mapped (resident pages of the buffer "
+                  "file; reclaimable file cache).", ("process", "kind")),
     )
 }
 

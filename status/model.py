@@ -141,6 +141,29 @@ def info(view: View, ctx: Context) -> dict[str, Any]:
         "ready": ctx.ready,
         "ready_reason": ctx.ready_reason,
         "details": jsonable(view.info),
+        "memory": memory(view),
+    }
+
+
+def memory(view: View) -> dict[str, Any]:
+    """The agent's own memory apart from the buffer's mapped pages (agent/memory.py).
+
+    Both processes map the same buffer file, so its resident pages are one set of physical
+    pages: the total is the larger of the two, not the sum."""
+    processes: dict[str, dict[str, int]] = {}
+    for (labels, value) in view.values.get("process_memory_bytes", {}).items():
+        lab = dict(labels)
+        if value == value:  # not NaN
+            processes.setdefault(lab.get("process", "?"), {})[lab.get("kind", "?")] = \
+                _count(value)
+    if not processes:
+        return {"own_bytes": None, "buffer_mapped_bytes": None, "rss_bytes": None,
+                "processes": {}}
+    return {
+        "own_bytes": sum(p.get("anonymous", 0) for p in processes.values()),
+        "buffer_mapped_bytes": max(p.get("buffer_mapped", 0) for p in processes.values()),
+        "rss_bytes": sum(p.get("rss", 0) for p in processes.values()),
+        "processes": {name: processes[name] for name in sorted(processes)},
     }
 
 

@@ -5,8 +5,8 @@ sort by acceptance time (the CDAP TMS row-key idea, seed 002). Ids are allocated
 write transaction from a counter stored in the same environment, so they are unique and
 increasing across processes and restarts even if the clock steps back.
 
-A message's key in the ``messages`` database is ``topic NUL id``: NUL cannot occur in a Kafka
-topic name, so each topic is one contiguous FIFO range.
+Records are stored by id (store.py, ``records``). A message's handle, which the forwarder
+passes back to delete it, is ``topic NUL id``: NUL cannot occur in a Kafka topic name.
 """
 
 from __future__ import annotations

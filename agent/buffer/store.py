@@ -2,7 +2,12 @@
 
 One LMDB environment holds:
 
-- ``messages``: ``topic NUL id`` -> encoded record (see codec.py). FIFO per topic.
+- ``records``: ``id`` -> encoded record (see codec.py). Ids only grow, so every message is
+  appended at the end of this tree and its pages stay full whatever the topic names.
+- ``topic_runs``: ``topic`` -> its runs, as sorted fixed-size duplicates ``last id, first
+  id``: every id from first to last that has a record is a message of this topic, so a topic
+  is read as a few contiguous stretches of ``records``. A message's handle
+  (``StoredMessage.key``) is ``topic NUL id``.
 - ``meta``: the id counter, and per-topic message count and bytes, kept exact by updating them
   in the same transaction as the messages.
 - ``state``: small ingest-side state that must commit atomically with messages (spool file
@@ -35,6 +40,7 @@ from typing import Any, Literal, cast
 import lmdb
 
 from agent.buffer import codec, keys
+from agent.buffer.compact import hold_shared
 from agent.buffer.space import InsufficientSpace as InsufficientSpace  # the daemon's
 from agent.buffer.space import Space, prepare_lock_file
 from agent.records import Record
@@ -44,7 +50,22 @@ log = logging.getLogger(__name__)
 _COUNT = struct.Struct(">qq")  # messages, bytes
 _SEQ = struct.Struct(">I")  # the sequence half of a message id (keys.ID)
 _LAST_ID = b"last_id"
-_AFTER_SEP = bytes([keys.SEP[0] + 1])  # topic + this sorts after every key of the topic
+_ID_LEN = keys.ID_LEN
+_MAX_ID = b"\xff" * _ID_LEN
+# Layout 1 kept messages under ``topic NUL id`` in one tree (``messages``): a topic that sorts
+# before another buffered topic was inserted mid-tree, and LMDB's splits left those pages
+# half full (458 bytes per 200-byte message instead of 275). Opening such a buffer moves its
+# messages to layout 2 (``records`` + ``topic_runs``) in batches of this many.
+_MIGRATE_BATCH = 20_000
+# The named databases and their flags (compact.py copies them).
+MAX_DBS = 8
+DATABASES: dict[bytes, dict[str, Any]] = {
+    b"records": {},
+    b"topic_runs": {"dupsort": True, "dupfixed": True},
+    b"meta": {},
+    b"state": {},
+    b"tracking": {},
+}
 _COUNT_PREFIX = b"n:"
 _GEN_PREFIX = b"gen:"
 # LMDB needs room beyond the messages themselves: the free list, tracking, state, and space
@@ -125,7 +146,7 @@ class EncodedGroup:
 # dataclass's __init__ costs several times as much); treat instances as immutable all the same.
 @dataclass(slots=True, eq=False)
 class StoredMessage:
-    key: bytes  # LMDB key: topic NUL id
+    key: bytes  # the message's handle: topic NUL id (records are stored by id)
     id: bytes
     record: Record
     generation: int
@@ -244,13 +265,22 @@ class Store:
         if not readonly:
             path.mkdir(parents=True, exist_ok=True)
             prepare_lock_file(path)
+        # Shared while open, so that compaction can never rename the file under us.
+        # A read-only opener (a tool without write access to the directory) may not be able
+        # to create the lock file; a rename under it only shows it stale data.
+        self._usage_fd: int | None = None
+        try:
+            self._usage_fd = hold_shared(path)
+        except OSError:
+            if not readonly:
+                raise
         existing = path / "data.mdb"
         start = max(initial_map_bytes, existing.stat().st_size if existing.exists() else 0)
         try:
             self._env = lmdb.open(
                 str(path),
                 map_size=min(start, self.map_cap),
-                max_dbs=8,
+                max_dbs=MAX_DBS,
                 sync=True,
                 metasync=True,
                 writemap=False,
@@ -260,6 +290,7 @@ class Store:
                 lock=True,
             )
         except lmdb.Error as exc:
+            self._release_usage()
             # A new environment's first pages could not be written: say why, clearly.
             refusal = _unavailable(exc, path)
             if refusal.reason == "disk_full" and not readonly:
@@ -275,12 +306,13 @@ class Store:
         # a bigger value gets whole overflow pages of its own (mdb.c: me_nodemax, OVPAGES).
         self._psize = int(self._env.stat()["psize"])
         self._nodemax = ((self._psize - 16) // 2 & -2) - 2
-        self._messages = self._env.open_db(b"messages", create=not readonly)
-        self._meta = self._env.open_db(b"meta", create=not readonly)
-        self._state = self._env.open_db(b"state", create=not readonly)
-        self._tracking = self._env.open_db(b"tracking", create=not readonly)
+        dbs = {name: self._env.open_db(name, create=not readonly, **flags)
+               for name, flags in DATABASES.items()}
+        self._records, self._runs = dbs[b"records"], dbs[b"topic_runs"]
+        self._meta, self._state, self._tracking = dbs[b"meta"], dbs[b"state"], dbs[b"tracking"]
         self._main = self._env.open_db(None)
-        self._dbs = (self._main, self._messages, self._meta, self._state, self._tracking)
+        self._dbs = (self._main, self._records, self._runs, self._meta, self._state,
+                     self._tracking)
         self.space: Space | None = None
         if not readonly:
             # After lmdb.open: a new environment's file must hold LMDB's meta pages before
@@ -294,17 +326,72 @@ class Store:
             except BaseException:
                 self.space.close()
                 self._env.close()
+                self._release_usage()
                 raise
         # set_mapsize() may only run while this process has no transaction open; every
         # transaction goes through _txn(), which counts them.
         self._gate = threading.Condition()
         self._active = 0
         self._resizing = False
+        if not readonly:
+            self._migrate_layout_1()
+
+    def _migrate_layout_1(self) -> None:
+        """Move the messages of a layout-1 buffer (``messages``: ``topic NUL id``) into
+        ``records`` and ``topic_runs``, then drop the old tree. Each batch moves in one
+        transaction (put new, delete old), so a crash in between loses and duplicates
+        nothing: the next open goes on from where this one stopped."""
+        try:
+            old = self._env.open_db(b"messages", create=False)
+        except lmdb.NotFoundError:
+            return
+        with self._txn(write=False) as txn:
+            total = int(txn.stat(old)["entries"])
+        if total:
+            log.warning("buffer: moving %d messages to the current layout (once, at the "
+                        "first start after an upgrade)", total)
+        started = time.monotonic()
+        moved = 0
+
+        def body(txn: lmdb.Transaction) -> int:
+            with txn.cursor(old) as cur:
+                if not cur.first():
+                    txn.drop(old, delete=True)
+                    return 0
+                batch = cast(list[tuple[bytes, bytes]],
+                             list(islice(cur.iternext(), _MIGRATE_BATCH)))
+                # The old tree is in (topic, id) order: ids that follow each other within a
+                # topic were given in one stretch, so no other topic's id lies between them.
+                runs: list[list[bytes]] = []
+                for k, _ in batch:
+                    _extend_runs(runs, k[:-_ID_LEN - 1], k[-_ID_LEN:])
+                with txn.cursor(self._records) as rc:
+                    rc.putmulti(sorted((k[-_ID_LEN:], v) for k, v in batch))
+                with txn.cursor(self._runs) as ic:
+                    ic.putmulti([(tb, last + first) for tb, first, last in runs])
+                cur.first()
+                for _ in batch:
+                    cur.delete()
+            return len(batch)
+
+        while n := self._write(body):
+            moved += n
+            if moved % (50 * _MIGRATE_BATCH) == 0:
+                log.info("buffer: moved %d of %d messages", moved, total)
+        if total:
+            log.warning("buffer: moved %d messages in %.1f s", moved,
+                        time.monotonic() - started)
 
     def close(self) -> None:
         if self.space is not None:
             self.space.close()
         self._env.close()
+        self._release_usage()
+
+    def _release_usage(self) -> None:
+        if self._usage_fd is not None:
+            os.close(self._usage_fd)
+            self._usage_fd = None
 
     def __enter__(self) -> Store:
         return self
@@ -392,8 +479,11 @@ class Store:
             return self._used(txn)
 
     def _used(self, txn: lmdb.Transaction) -> int:
-        s = txn.stat(self._messages)
-        return int((s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"]) * s["psize"])
+        pages = 0
+        for db in (self._records, self._runs):
+            s = txn.stat(db)
+            pages += s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"]
+        return int(pages * self._psize)
 
     def map_size(self) -> int:
         return int(self._env.info()["map_size"])
@@ -478,75 +568,43 @@ class Store:
                 seq += 1
             else:
                 seq = 0
-            # Per topic: [key prefix, generation, messages added, bytes added].
+            # Per topic: [key prefix, generation, messages added, bytes added, topic bytes,
+            # its accepted values in order].
             per_topic: dict[str, list[Any]] = {}
-            items: list[tuple[bytes, bytes]] = []
+            # Per accepted group: its segments, (topic entry, number of values), in order.
+            accepted: list[tuple[int, list[tuple[list[Any], int]]]] = []
             results: list[list[bytes] | BufferFull] = []
-            pack_id = keys.ID.pack
             encode = codec.encode
             for gi, group in enumerate(batches):
-                ids: list[bytes] = []
-                encoded: list[tuple[bytes, bytes]] = []
+                segments: list[tuple[list[Any], list[bytes], int]] = []  # (t, values, bytes)
                 need = 0
                 if isinstance(group, EncodedGroup):
-                    # Ids and keys by list comprehension, a run at a time; counted per run.
-                    added: list[tuple[list[Any], int, int]] = []
                     for topic, values, encoded_under in group.runs:
                         t = per_topic.get(topic)
                         if t is None:
-                            t = per_topic[topic] = [keys.topic_prefix(topic),
-                                                    self._generation(txn, topic), 0, 0]
+                            t = per_topic[topic] = self._topic_entry(txn, topic)
                         if encoded_under != t[1]:
                             values = codec.with_generation(values, t[1])
                         n = len(values)
-                        prefix = t[0]
-                        run_keys, ts, seq = _run_keys(prefix, ts, seq, n)
-                        size = sum(map(len, values)) + n * (len(prefix) + keys.ID_LEN)
-                        need += size + n * RECORD_OVERHEAD + self._overflow(
-                            values, len(prefix) + keys.ID_LEN)
-                        plen = len(prefix)
-                        ids += [k[plen:] for k in run_keys]
-                        encoded += zip(run_keys, values, strict=True)
-                        added.append((t, n, size))
-                    if need > room:
-                        results.append(BufferFull(
-                            f"buffer full: {need} bytes do not fit in the {max(room, 0)} left"))
+                        size = sum(map(len, values)) + n * (len(t[0]) + _ID_LEN)
+                        need += size + n * RECORD_OVERHEAD + self._overflow(values, _ID_LEN)
+                        segments.append((t, values, size))
+                else:
+                    try:
+                        for r in group:
+                            t = per_topic.get(r.topic)
+                            if t is None:
+                                t = per_topic[r.topic] = self._topic_entry(txn, r.topic)
+                            value = encode(r, t[1])
+                            size = len(t[0]) + _ID_LEN + len(value)
+                            need += size + RECORD_OVERHEAD
+                            if _ID_LEN + len(value) + 8 > self._nodemax:
+                                need += self._overflow((value,), _ID_LEN)
+                            segments.append((t, [value], size))
+                    except (struct.error, UnicodeEncodeError, OverflowError) as exc:
+                        results.append(InvalidGroup(f"a record cannot be stored: {exc}"))
                         continue
-                    disk_room, refusal = self._fit_on_disk(txn, need, disk_room)
-                    if refusal is not None:
-                        results.append(refusal)
-                        continue
-                    room -= need
-                    for t, n, size in added:
-                        t[2] += n
-                        t[3] += size
-                    items += encoded
-                    results.append(ids)
-                    _apply_state(txn, self._state, states[gi] if states is not None else None,
-                                 ids)
-                    continue
-                try:
-                    for r in group:
-                        t = per_topic.get(r.topic)
-                        if t is None:
-                            t = per_topic[r.topic] = [keys.topic_prefix(r.topic),
-                                                      self._generation(txn, r.topic), 0, 0]
-                        if seq > 0xFFFFFFFF:
-                            ts, seq = ts + 1, 0
-                        mid = pack_id(ts, seq)
-                        seq += 1
-                        k = t[0] + mid
-                        value = encode(r, t[1])
-                        encoded.append((k, value))
-                        ids.append(mid)
-                        need += len(k) + len(value) + RECORD_OVERHEAD
-                        if len(k) + len(value) + 8 > self._nodemax:
-                            need += self._overflow((value,), len(k))
-                except (struct.error, UnicodeEncodeError, OverflowError) as exc:
-                    results.append(InvalidGroup(f"a record cannot be stored: {exc}"))
-                    continue
                 if need > room:
-                    # The ids allocated for this group are simply never used.
                     results.append(BufferFull(
                         f"buffer full: {need} bytes do not fit in the {max(room, 0)} left"))
                     continue
@@ -555,17 +613,39 @@ class Store:
                     results.append(refusal)
                     continue
                 room -= need
-                for (k, value), r in zip(encoded, group, strict=True):
-                    t = per_topic[r.topic]
-                    t[2] += 1
-                    t[3] += len(k) + len(value)
-                items += encoded
-                results.append(ids)
+                for t, values, size in segments:
+                    t[2] += len(values)
+                    t[3] += size
+                    t[5] += values
+                accepted.append((gi, [(t, len(values)) for t, values, _ in segments]))
+                results.append([])  # its ids, below
+            # Ids are given a topic at a time, each topic's messages in the order they came:
+            # one stretch of ids per topic and transaction, however the groups interleave
+            # topics, so a topic reads as one run of ``records`` (ids of different topics
+            # are in no particular order, as FIFO order is per topic).
+            items: list[tuple[bytes, bytes]] = []  # (id, value), ids increasing
+            runs: list[list[bytes]] = []
+            given: dict[int, list[bytes]] = {}  # id(topic entry) -> its ids
+            for t in per_topic.values():
+                n = t[2]
+                if not n:
+                    continue
+                topic_ids, ts, seq = _run_ids(ts, seq, n)
+                items += zip(topic_ids, t[5], strict=True)
+                runs.append([t[4], topic_ids[0], topic_ids[-1]])
+                given[id(t)] = topic_ids
+            taken: dict[int, int] = {}
+            for gi, group_segments in accepted:
+                ids: list[bytes] = []
+                for t, n in group_segments:
+                    at = taken.get(id(t), 0)
+                    ids += given[id(t)][at:at + n]
+                    taken[id(t)] = at + n
+                results[gi] = ids
                 _apply_state(txn, self._state, states[gi] if states is not None else None, ids)
             counts = {topic: [t[2], t[3]] for topic, t in per_topic.items() if t[2]}
             if items:
-                with txn.cursor(self._messages) as cur:
-                    cur.putmulti(items)
+                self._put_messages(txn, items, runs)
                 txn.put(_LAST_ID, keys.ID.pack(ts, max(seq - 1, 0)), db=self._meta)
                 self._adjust_counts(txn, counts, +1)
             if (state_puts or state_deletes) and not any(
@@ -617,7 +697,7 @@ class Store:
             last_ts, seq = keys.ID.unpack(raw) if raw else (0, 0)
             ts = max(int(time.time() * 1000), last_ts)
             seq = seq + 1 if ts == last_ts else 0
-            items: list[tuple[list[bytes], list[bytes]]] = []
+            items: list[tuple[str, list[bytes], list[bytes]]] = []
             counts: dict[str, list[int]] = {}
             need = 0
             for topic, (values, encoded_under) in groups.items():
@@ -629,13 +709,11 @@ class Store:
                     # Rare (the topic was deleted or recreated since): every value is
                     # rewritten under the current generation, inside this transaction.
                     values = codec.with_generation(values, generation)
-                prefix = keys.topic_prefix(topic)
-                topic_keys, ts, seq = _run_keys(prefix, ts, seq, n)
-                size = sum(map(len, values)) + n * (len(prefix) + keys.ID_LEN)
-                need += size + n * RECORD_OVERHEAD + self._overflow(
-                    values, len(prefix) + keys.ID_LEN)
+                topic_ids, ts, seq = _run_ids(ts, seq, n)
+                size = sum(map(len, values)) + n * (len(topic) + 1 + _ID_LEN)
+                need += size + n * RECORD_OVERHEAD + self._overflow(values, _ID_LEN)
                 counts[topic] = [n, size]
-                items.append((topic_keys, values))
+                items.append((topic, topic_ids, values))
             if need > room:
                 raise BufferFull(f"buffer full: {need} bytes do not fit in the {max(room, 0)} left")
             if enforce_limit and need:
@@ -647,9 +725,12 @@ class Store:
                 if refusal is not None:
                     raise refusal
             if items:
-                with txn.cursor(self._messages) as cur:
-                    for topic_keys, values in items:
-                        cur.putmulti(zip(topic_keys, values, strict=True))
+                records: list[tuple[bytes, bytes]] = []
+                runs: list[list[bytes]] = []
+                for topic, topic_ids, values in items:  # ids increase from run to run
+                    records += zip(topic_ids, values, strict=True)
+                    _extend_runs(runs, topic.encode("ascii"), topic_ids[0], topic_ids[-1])
+                self._put_messages(txn, records, runs)
                 txn.put(_LAST_ID, keys.ID.pack(ts, max(seq - 1, 0)), db=self._meta)
                 self._adjust_counts(txn, counts, +1)
             for sk, sv in (state_puts or {}).items():
@@ -671,6 +752,38 @@ class Store:
         psize = self._psize
         return sum(((15 + len(v)) // psize + 1) * psize - len(v)
                    for v in values if len(v) > limit)
+
+    def _topic_entry(self, txn: lmdb.Transaction, topic: str) -> list[Any]:
+        """``append``'s per-topic working entry: [handle prefix, generation, messages added,
+        bytes added, topic bytes, accepted values]."""
+        return [keys.topic_prefix(topic), self._generation(txn, topic), 0, 0,
+                topic.encode("ascii"), []]
+
+    def _put_messages(self, txn: lmdb.Transaction, records: list[tuple[bytes, bytes]],
+                      runs: list[list[bytes]]) -> None:
+        """Store ``records`` (id, value), ids increasing, and their ``runs`` ([topic, first
+        id, last id], from ``_extend_runs``).
+
+        Both are appends: ids are allocated above ``last_id`` in this very transaction, so
+        each is past the end of ``records`` and of its topic's runs (LMDB's MDB_APPEND and
+        MDB_APPENDDUP: pages filled to the brim, no key comparisons on the way down)."""
+        index = [(tb, last + first) for tb, first, last in runs]
+        with txn.cursor(self._records) as cur:
+            _, added = cur.putmulti(records, append=True)
+            if added != len(records):
+                # Only if last_id was behind the stored ids (a buffer restored from pieces):
+                # store the rest the ordinary way. A real collision aborts the transaction.
+                log.warning("buffer ids out of order; storing %d messages without append",
+                            len(records) - added)
+                _, more = cur.putmulti(records, overwrite=False)
+                if added + more != len(records):
+                    raise RuntimeError("message ids collide with stored ones")
+        with txn.cursor(self._runs) as cur:
+            _, added = cur.putmulti(index, append=True)
+            if added != len(index):
+                _, more = cur.putmulti(index, dupdata=False)
+                if added + more != len(index):
+                    raise RuntimeError("message ids collide with stored ones")
 
     def _adjust_counts(
         self, txn: lmdb.Transaction, counts: Mapping[str, list[int]], sign: int
@@ -756,19 +869,30 @@ class Store:
     ) -> list[StoredMessage | Corrupt]:
         """Up to ``limit`` messages of ``topic`` in FIFO order, after message id ``after``."""
         prefix = keys.topic_prefix(topic)
-        start = prefix + after if after is not None else prefix
-        with self._txn(write=False) as txn, txn.cursor(self._messages) as cur:
-            if not cur.set_range(start):
+        tb = prefix[:-1]
+        items: list[tuple[bytes, bytes]] = []
+        with (self._txn(write=False) as txn, txn.cursor(self._runs) as runs,
+              txn.cursor(self._records) as records):
+            # The first run whose last id is past ``after`` (dups are ``last id, first id``).
+            if not (runs.set_key(tb) if after is None
+                    else runs.set_range_dup(tb, after + _MAX_ID)):
                 return []
-            if after is not None and cur.key() == start and not cur.next():
-                return []
-            # The environment is opened without buffers=True, so keys and values are bytes.
-            # Take ``limit`` items in C, then cut where the next topic starts (keys sort by
-            # topic, and (k, v) tuples compare by key): no Python test per message.
-            items = cast(list[tuple[bytes, bytes]], list(islice(cur.iternext(), limit)))
-        if items and not items[-1][0].startswith(prefix):
-            del items[bisect_left(items, (prefix[:-1] + _AFTER_SEP,)):]
-        plen = len(prefix)
+            start = after + b"\0" if after is not None else b""  # sorts just after it
+            while len(items) < limit:
+                run = cast(bytes, runs.value())
+                last, first = run[:_ID_LEN], run[_ID_LEN:]
+                if records.set_range(max(first, start)):
+                    # The environment is opened without buffers=True, so keys and values
+                    # are bytes. Take what the run can hold in C, then cut where it ends
+                    # ((k, v) tuples compare by key): no Python per message.
+                    want = min(limit - len(items), _run_span(first, last))
+                    got = cast(list[tuple[bytes, bytes]],
+                               list(islice(records.iternext(), want)))
+                    if got and got[-1][0] > last:
+                        del got[bisect_left(got, (last + b"\0",)):]
+                    items += got
+                if not runs.next_dup():
+                    break
         # codec.decode's common case (no headers) inlined: this runs once per message on the
         # forwarder's hot path. Anything else, a corrupt value included, goes through decode.
         unpack = codec.HEADER.unpack_from
@@ -776,7 +900,8 @@ class Store:
         version_now = codec.VERSION
         out: list[StoredMessage | Corrupt] = []
         append = out.append
-        for k, v in items:
+        for mid, v in items:
+            k = prefix + mid
             try:
                 version, flags, gen, ts, pk, klen, nheaders = unpack(v)
             except struct.error:  # shorter than a header: decode says why
@@ -790,9 +915,9 @@ class Store:
                 try:
                     record, gen = codec.decode(topic, v)
                 except codec.CorruptRecord as exc:
-                    append(Corrupt(k, k[plen:], topic, v, str(exc)))
+                    append(Corrupt(k, mid, topic, v, str(exc)))
                     continue
-            append(StoredMessage(k, k[plen:], record, gen, len(k) + len(v)))
+            append(StoredMessage(k, mid, record, gen, len(k) + len(v)))
         return out
 
     def remove(self, outcomes: Sequence[Outcome]) -> list[bool]:
@@ -836,9 +961,9 @@ class Store:
             # every message of a batch: encode each distinct one once.
             tails: dict[tuple[str, str, str], bytes] = {}
             delete = txn.delete
-            messages = self._messages
+            records = self._records
             for o in outcomes:
-                ok = delete(o.key, b"", messages)  # positional: this runs once per message
+                ok = delete(o.key[-id_len:], b"", records)  # positional: once per message
                 removed.append(ok)
                 if not ok:
                     continue
@@ -857,7 +982,7 @@ class Store:
             run_removed: list[list[bool]] = []
             for run, (entries, size) in zip(runs, prepared, strict=True):
                 # A comprehension, not a loop of statements: this is the per-message hot path.
-                ok_list = [delete(k, b"", messages) for k in run.keys]
+                ok_list = [delete(k[-id_len:], b"", records) for k in run.keys]
                 run_removed.append(ok_list)
                 c = counts.get(run.topic)
                 if c is None:
@@ -872,7 +997,9 @@ class Store:
                     c[1] += sum(run.sizes[i] for i in sel)
                     if entries:
                         tracked += [entries[i] for i in sel]
-            self._adjust_counts(txn, {t: c for t, c in counts.items() if c[0]}, -1)
+            emptied = {t: c for t, c in counts.items() if c[0]}
+            self._adjust_counts(txn, emptied, -1)
+            self._drop_empty_runs(txn, emptied)
             if tracked:
                 with txn.cursor(self._tracking) as cur:
                     cur.putmulti(tracked)
@@ -881,6 +1008,25 @@ class Store:
 
         result: tuple[list[bool], list[list[bool]]] = self._write(body)
         return result
+
+    def _drop_empty_runs(self, txn: lmdb.Transaction, topics: Iterable[str]) -> None:
+        """Delete the runs at the head of each topic that no longer hold a record. Messages
+        leave nearly in order, so this keeps a topic's first run non-empty (what
+        ``topic_stats`` reads) at the cost of a lookup or two per topic and call; an empty
+        run further on (a message acknowledged early) waits until it reaches the head."""
+        with txn.cursor(self._runs) as runs, txn.cursor(self._records) as records:
+            for topic in topics:
+                tb = topic.encode("ascii")
+                if not runs.set_key(tb):
+                    continue
+                while True:
+                    run = cast(bytes, runs.value())
+                    if (records.set_range(run[_ID_LEN:])
+                            and cast(bytes, records.key()) <= run[:_ID_LEN]):
+                        break  # it still holds a message
+                    # Deleting moves to the next duplicate, or on to the next topic.
+                    if not runs.delete() or runs.key() != tb:
+                        break
 
     def _prune_tracking(self, txn: lmdb.Transaction, now_ms: int, added: int) -> None:
         """Forget the oldest tracking entries: those past ``track_seconds``, and any beyond
@@ -908,14 +1054,25 @@ class Store:
                             break
                         n, b = _COUNT.unpack(v)
                         counts.append((bytes(k[len(_COUNT_PREFIX):]).decode("ascii"), n, b))
-            with txn.cursor(self._messages) as cur:
-                for topic, n, b in counts:
-                    prefix = keys.topic_prefix(topic)
-                    oldest = None
-                    if cur.set_range(prefix) and bytes(cur.key()).startswith(prefix):
-                        oldest = keys.id_timestamp_ms(bytes(cur.key()[len(prefix):]))
-                    out.append(TopicStats(topic, n, b, oldest))
+            for topic, n, b in counts:
+                first = self._first_id(txn, topic)
+                out.append(TopicStats(topic, n, b,
+                                      keys.id_timestamp_ms(first) if first else None))
         return out
+
+    def _first_id(self, txn: lmdb.Transaction, topic: str) -> bytes | None:
+        """The oldest buffered id of ``topic``: the first record of its first non-empty run."""
+        tb = topic.encode("ascii")
+        with txn.cursor(self._runs) as runs, txn.cursor(self._records) as records:
+            if not runs.set_key(tb):
+                return None
+            while True:
+                run = cast(bytes, runs.value())
+                if (records.set_range(run[_ID_LEN:])
+                        and cast(bytes, records.key()) <= run[:_ID_LEN]):
+                    return cast(bytes, records.key())
+                if not runs.next_dup():
+                    return None
 
     def locate(self, message_id: bytes) -> dict[str, Any] | None:
         """Where a recent message is: still buffered (and under which topic) or its outcome."""
@@ -923,9 +1080,14 @@ class Store:
             raw = txn.get(message_id, db=self._tracking)
             if raw is not None:
                 return _unpack_outcome(bytes(raw))
-            for topic in self._topic_names(txn):
-                if txn.get(keys.message_key(topic, message_id), db=self._messages) is not None:
-                    return {"state": "buffered", "topic": topic}
+            if len(message_id) != _ID_LEN or txn.get(message_id, db=self._records) is None:
+                return None
+            with txn.cursor(self._runs) as runs:
+                for topic in self._topic_names(txn):
+                    # The topic's first run whose last id is at or past the message's.
+                    if (runs.set_range_dup(topic.encode("ascii"), message_id + bytes(_ID_LEN))
+                            and cast(bytes, runs.value())[_ID_LEN:] <= message_id):
+                        return {"state": "buffered", "topic": topic}
         return None
 
     def purge(self, topic: str) -> int:
@@ -955,19 +1117,46 @@ class Store:
             return 0
 
 
-def _run_keys(prefix: bytes, ts: int, seq: int, n: int) -> tuple[list[bytes], int, int]:
-    """Keys for ``n`` consecutive messages of one topic (``prefix``), from id ``(ts, seq)``
-    on, and the ``(ts, seq)`` after them: ``append``'s id rule, a run at a time."""
+def _follows(prev: bytes, nxt: bytes) -> bool:
+    """Whether id ``nxt`` is the very next id after ``prev`` (no id can lie between)."""
+    ts, seq = keys.ID.unpack(prev)
+    return nxt == (keys.ID.pack(ts, seq + 1) if seq < 0xFFFFFFFF else keys.ID.pack(ts + 1, 0))
+
+
+def _extend_runs(runs: list[list[bytes]], tb: bytes, first: bytes,
+                 last: bytes | None = None) -> None:
+    """Add ids ``first`` to ``last`` (given one after another to topic ``tb``) to ``runs``
+    ([topic, first id, last id], in id order): the last run grows when they follow it
+    directly in the same topic, as a stretch of one topic's ids has nothing else inside."""
+    if runs:
+        run = runs[-1]
+        if run[0] == tb and _follows(run[2], first):
+            run[2] = last or first
+            return
+    runs.append([tb, first, last or first])
+
+
+def _run_span(first: bytes, last: bytes) -> int:
+    """How many ids ``first`` to ``last`` take at most (ids are (ms, sequence) pairs)."""
+    ts1, seq1 = keys.ID.unpack(first)
+    ts2, seq2 = keys.ID.unpack(last)
+    span: int = (ts2 - ts1) * 0x100000000 + seq2 - seq1 + 1  # a wrapped sequence too
+    return span
+
+
+def _run_ids(ts: int, seq: int, n: int) -> tuple[list[bytes], int, int]:
+    """Ids for ``n`` consecutive messages from ``(ts, seq)`` on, and the ``(ts, seq)`` after
+    them: ``append``'s id rule, a run at a time."""
     if seq + n - 1 > 0xFFFFFFFF:
         # The sequence would wrap within the run: ids one by one, as in append.
         out = []
         for _ in range(n):
             if seq > 0xFFFFFFFF:
                 ts, seq = ts + 1, 0
-            out.append(prefix + keys.ID.pack(ts, seq))
+            out.append(keys.ID.pack(ts, seq))
             seq += 1
         return out, ts, seq
-    base = prefix + ts.to_bytes(8, "big")
+    base = ts.to_bytes(8, "big")
     pack_seq = _SEQ.pack
     return [base + pack_seq(i) for i in range(seq, seq + n)], ts, seq + n
 

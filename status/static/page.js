@@ -337,6 +337,12 @@
       (b.used_fraction * 100).toFixed(1) + "% of " + fmtBytes(b.max_bytes) + " used" +
       (b.full ? " — FULL" : ""));
     setText("buffer-oldest", fmtAge(b.oldest_age_seconds));
+    // RSS counts the buffer file's resident pages; the agent's own memory is shown apart.
+    var m = doc.info.memory;
+    setText("memory-own", m.own_bytes === null ? "–" : fmtBytes(m.own_bytes));
+    setText("memory-mapped", m.rss_bytes === null ? "" :
+      "RSS " + fmtBytes(m.rss_bytes) + ", of it " + fmtBytes(m.buffer_mapped_bytes) +
+      " buffer pages (reclaimable)");
     $("buffer-oldest").parentNode.classList.toggle(
       "alert", (b.oldest_age_seconds || 0) >= doc.health.thresholds.oldest_warning_seconds);
   }

@@ -98,13 +98,21 @@ class BufferMachine(RuleBasedStateMachine):
             for rs, enc in zip(recs, encoded, strict=False)]
         result = self.store.append(as_given)
         assert len(result) == len(recs)
+        given: list[bytes] = []
         for rs, ids in zip(recs, result, strict=True):
             assert isinstance(ids, list), ids
             assert len(ids) == len(rs)
             for r, mid in zip(rs, ids, strict=True):
-                assert mid > self.last_id, "ids must strictly increase"
-                self.last_id = mid
-                self.fifo[r.topic].append(Entry(mid, r, self.generations.get(r.topic, 0)))
+                # Within a call, each topic's ids increase in the order its messages came
+                # (ids of different topics are given a topic at a time).
+                fifo = self.fifo[r.topic]
+                assert not fifo or mid > fifo[-1].id, "a topic's ids must strictly increase"
+                fifo.append(Entry(mid, r, self.generations.get(r.topic, 0)))
+                given.append(mid)
+        # Across calls, every id is above every earlier one.
+        assert not given or min(given) > self.last_id, "ids must increase across calls"
+        assert len(set(given)) == len(given)
+        self.last_id = max(given, default=self.last_id)
 
     def _encoded(self, rs: list[Record], stale: bool) -> EncodedGroup:
         runs: list[tuple[str, list[bytes], int]] = []
@@ -206,6 +214,12 @@ class BufferMachine(RuleBasedStateMachine):
         got = {s.topic: (s.messages, s.bytes, s.oldest_ms) for s in self.store.topic_stats()}
         assert got == want
         assert sorted(self.store.topics()) == sorted(want)
+
+    @invariant()
+    def locate_finds_each_buffered_message_under_its_topic(self) -> None:
+        for topic, entries in self.fifo.items():
+            for e in entries:
+                assert self.store.locate(e.id) == {"state": "buffered", "topic": topic}
 
     @invariant()
     def generations_match_the_model(self) -> None:

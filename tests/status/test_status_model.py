@@ -256,3 +256,22 @@ def test_health_of_a_real_clock_document_is_ok() -> None:
     assert doc["health"] == {"status": "ok", "code": 0, "problems": [],
                              "thresholds": model.Thresholds().to_json()}
     assert "history" not in doc
+
+
+def test_memory_counts_the_shared_buffer_pages_once() -> None:
+    reg = healthy_registry()
+    for process, own, mapped in (("ingest", 30.0, 500.0), ("forwarder", 20.0, 700.0)):
+        reg.set("process_memory_bytes", own, process=process, kind="anonymous")
+        reg.set("process_memory_bytes", mapped, process=process, kind="buffer_mapped")
+        reg.set("process_memory_bytes", own + mapped + 9, process=process, kind="rss")
+    mem = everything(reg)["info"]["memory"]
+    assert mem["own_bytes"] == 50
+    assert mem["buffer_mapped_bytes"] == 700  # one file, mapped by both: not 1,200
+    assert mem["rss_bytes"] == 539 + 729
+    assert mem["processes"]["forwarder"] == {"anonymous": 20, "buffer_mapped": 700, "rss": 729}
+
+
+def test_memory_before_the_first_sample_is_unknown() -> None:
+    mem = everything(Registry())["info"]["memory"]
+    assert mem == {"own_bytes": None, "buffer_mapped_bytes": None, "rss_bytes": None,
+                   "processes": {}}

@@ -256,5 +256,13 @@ def test_page_of_the_real_agent_follows_messages_to_kafka(
                    timeout=10, message="socket or delivered rate line above zero")
         assert texts(chromium, "#clusters tr[data-cluster='local'] td")[1] == "up"
         assert texts(chromium, row)[8] == "local"
+        # The agent's own memory, with the buffer's mapped pages told apart (both processes).
+        wait_until(lambda: texts(chromium, "#memory-mapped")[0].startswith("RSS "), timeout=15,
+                   message="memory tile filled from the first sample")
+        own = texts(chromium, "#memory-own")[0]
+        assert own.endswith(("MiB", "KiB", "GiB")), own
+        assert "buffer pages (reclaimable)" in texts(chromium, "#memory-mapped")[0]
+        assert set(agent.get_json("/status/info")["memory"]["processes"]) == {
+            "ingest", "forwarder"}
         assert page_errors(chromium) == []
         save_full_page(chromium, artifacts_dir / "status-page-real-agent.png")
