@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agent import __version__
@@ -33,11 +33,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ferry", description=__doc__)
+    # Plain text, not the module's docstring: argparse prints descriptions as they are, and
+    # reST markup (``ferry``) would show as such in a terminal.
+    p = argparse.ArgumentParser(
+        prog="ferry",
+        description="Ferry, a durable store-and-forward agent for Kafka: run the daemon, check "
+        "a configuration, send messages, inspect the buffer, replay discards.",
+        epilog="Run 'ferry COMMAND --help' for the options of a command. "
+        "Documentation: README.md and docs/ in Ferry's source.",
+    )
     p.add_argument("--version", action="version", version=f"ferry {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    run = sub.add_parser("run", help="run the agent")
+    run = _command(sub.add_parser, "run", "run the agent")
     run.add_argument("--config", type=Path, help="TOML file (default /etc/ferry/ferry.toml "
                      "when present); FERRY_* variables override it")
     run.add_argument("--try-out", action="store_true",
@@ -45,13 +53,13 @@ def _parser() -> argparse.ArgumentParser:
                      "started for the session")
     run.set_defaults(func=_run)
 
-    validate = sub.add_parser("validate", help="check a configuration without starting the "
-                              "agent (exit 0 valid, 2 invalid: every problem is listed)")
+    validate = _command(sub.add_parser, "validate", "check a configuration without starting "
+                        "the agent (exit 0 valid, 2 invalid: every problem is listed)")
     validate.add_argument("--config", type=Path, help="TOML file (default /etc/ferry/ferry.toml "
                           "when present); FERRY_* variables are checked too")
     validate.set_defaults(func=_validate)
 
-    send = sub.add_parser("send", help="send messages to the datagram socket (like to_bruce)")
+    send = _command(sub.add_parser, "send", "send messages to the datagram socket (like to_bruce)")
     send.add_argument("--socket-path", type=Path, default=None,
                       help="default: socket.path of the config, else /run/ferry/ferry.sock")
     send.add_argument("--config", type=Path)
@@ -65,8 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     send.add_argument("--count", type=int, default=1, help="send the message this many times")
     send.set_defaults(func=_send)
 
-    status = sub.add_parser("status", help="summary of a running agent; exit code for "
-                            "monitoring (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN)")
+    status = _command(sub.add_parser, "status", "summary of a running agent; exit code for "
+                      "monitoring (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN)")
     status.add_argument("--url", default=None, help="default: from the config's http.listen")
     status.add_argument("--config", type=Path)
     status.add_argument("--timeout", type=float, default=5.0)
@@ -75,25 +83,34 @@ def _parser() -> argparse.ArgumentParser:
     add_threshold_arguments(status)
     status.set_defaults(func=_status)
 
-    buf = sub.add_parser("buffer", help="inspect the buffer (works while the agent runs)")
+    buf = _command(sub.add_parser, "buffer", "inspect the buffer (works while the agent runs)")
     buf.add_argument("--config", type=Path)
     bsub = buf.add_subparsers(dest="buffer_command", metavar="ACTION", required=True)
-    bsub.add_parser("topics", help="per-topic depth, bytes and oldest message")
-    peek = bsub.add_parser("peek", help="show the oldest messages of a topic")
+    _command(bsub.add_parser, "topics", "per-topic depth, bytes and oldest message")
+    peek = _command(bsub.add_parser, "peek", "show the oldest messages of a topic")
     peek.add_argument("topic")
     peek.add_argument("--limit", type=int, default=10)
-    bsub.add_parser("compact", help="give a drained buffer's disk space back (agent stopped): "
-                    "rewrite the file without its free pages")
-    purge = bsub.add_parser("purge", help="delete every buffered message of a topic")
+    _command(bsub.add_parser, "compact", "give a drained buffer's disk space back (agent "
+             "stopped): rewrite the file without its free pages")
+    purge = _command(bsub.add_parser, "purge", "delete every buffered message of a topic")
     purge.add_argument("topic")
     purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     buf.set_defaults(func=_buffer)
 
-    replay = sub.add_parser("replay", help="put messages from a discard log back in the buffer")
+    replay = _command(sub.add_parser, "replay",
+                      "put messages from a discard log back in the buffer")
     replay.add_argument("file", type=Path)
     replay.add_argument("--config", type=Path)
     replay.set_defaults(func=_replay)
     return p
+
+
+def _command(
+    add_parser: Callable[..., argparse.ArgumentParser], name: str, text: str
+) -> argparse.ArgumentParser:
+    """A subcommand (``add_parser`` of a subparsers group) whose one-line help also heads its
+    own ``--help``."""
+    return add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
 
 
 # -- run -----------------------------------------------------------------------------------

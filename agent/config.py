@@ -147,13 +147,22 @@ class KafkaClusterConfig(_Section):
     bootstrap_servers: str = "localhost:9092"
     # Any librdkafka property (TLS, SASL, ...); applied after Ferry's own defaults.
     properties: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    # Nothing acknowledged for this long while messages are outstanding => the cluster is down.
+    # The cluster is down once metadata probes have failed for this long, or once messages
+    # sent to it have been outstanding this long with nothing acknowledged (docs/design.md,
+    # "Cluster state"). Idleness never counts.
     outage_after_seconds: float = Field(default=10.0, gt=0)
+    # How often the forwarder asks the cluster for its metadata, with or without traffic.
+    probe_interval_seconds: float = Field(default=2.0, gt=0, le=300, allow_inf_nan=False)
 
 
 class KafkaConfig(_Section):
     local: KafkaClusterConfig = Field(default_factory=KafkaClusterConfig)
     remote: KafkaClusterConfig | None = None
+
+
+# Longest an HTTP publish may wait for Kafka's acknowledgement (201) before answering 202:
+# a bound of TopicConfig, so the config file and the management API refuse the same values.
+MAX_ACK_TIMEOUT_MS = 60_000
 
 
 class TopicConfig(_Section):
@@ -165,7 +174,7 @@ class TopicConfig(_Section):
     schema_: str | None = Field(default=None, alias="schema")
     # messages/s over HTTP; 0 = unlimited. Finite: JSON has no infinity to store it as.
     rate_limit: float = Field(default=0, ge=0, allow_inf_nan=False)
-    ack_timeout_ms: int = Field(default=65, ge=0)
+    ack_timeout_ms: int = Field(default=65, ge=0, le=MAX_ACK_TIMEOUT_MS)
     fallback_to_remote: bool = False
     speculative_send_delay_ms: int = Field(default=250, ge=0)
     # "exactly_once": Kafka transactions with a progress record and a read-back of the

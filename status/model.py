@@ -19,8 +19,13 @@ from typing import Any
 from agent.metrics import DEFINITIONS, Histogram, View
 
 SOURCES = ("socket", "http", "spool", "replay")
-SAMPLE_KINDS = ("discarded", "rejected", "error")
+# The kinds of agent/reasons.py, plus delivery errors (Kafka's error names).
+SAMPLE_KINDS = ("discarded", "rejected", "quarantined", "error")
 LEVELS = ("ok", "warning", "critical")
+# A topic whose sends fail with a transient error (agent/forwarder/failures.py) is WARNING
+# once it has failed this long with nothing acknowledged; one that needs an operator (an ACL,
+# a missing topic) is CRITICAL at once.
+STUCK_WARNING_SECONDS = 10.0
 
 # Strings inside samples come from clients and errors; keep the documents (and the page) small.
 _MAX_STRING = 400
@@ -277,12 +282,32 @@ def _last_error(view: View, topic: str) -> dict[str, Any] | None:
             "detail": None}
 
 
+def _stuck(view: View, topic: str) -> dict[str, Any] | None:
+    """Why the topic cannot deliver, as the forwarder last published it (or None)."""
+    stuck = view.info.get("stuck_topics")
+    item = stuck.get(topic) if isinstance(stuck, Mapping) else None
+    if not isinstance(item, Mapping):
+        return None
+    return {
+        "error": str(item.get("error", "")),
+        "cluster": jsonable(item.get("cluster")),
+        "detail": jsonable(item.get("detail")),
+        "operator": bool(item.get("operator")),
+        "since": _num(float(item.get("since", 0.0))),
+        "last_time": _num(float(item.get("last_time", 0.0))),
+        "failures": _count(float(item.get("failures", 0))),
+    }
+
+
 def topics(view: View, ctx: Context) -> dict[str, Any]:
     """Per topic: accepted, delivered, buffered, discarded, last error, clusters used."""
     names: set[str] = set()
     for metric in ("messages_accepted", "messages_delivered", "messages_discarded",
                    "buffer_messages", "delivery_failures"):
         names.update(view.by(metric, "topic"))
+    stuck = view.info.get("stuck_topics")
+    if isinstance(stuck, Mapping):
+        names.update(str(t) for t in stuck)
     names.discard("")
     messages = view.by("buffer_messages", "topic")
     sizes = view.by("buffer_bytes", "topic")
@@ -306,6 +331,7 @@ def topics(view: View, ctx: Context) -> dict[str, Any]:
             "discarded_by_reason": _counts(view.by("messages_discarded", "reason", topic=topic)),
             "delivery_failures": _count(view.total("delivery_failures", topic=topic)),
             "last_error": _last_error(view, topic),
+            "stuck": _stuck(view, topic),
             "clusters_used": used,
         })
     return {"time": ctx.now, "topics": rows}
@@ -321,16 +347,33 @@ def clusters(view: View, ctx: Context) -> dict[str, Any]:
         names.update(v for k, v in key if k == "cluster")
     names.discard("")
     metadata = view.info.get("cluster_metadata")
+    states = view.info.get("cluster_state")
+    states = states if isinstance(states, Mapping) else {}
     rows = []
     for name in sorted(names, key=lambda n: (n != "local", n)):
         up = _gauge(view, "cluster_up", cluster=name)
         brokers = _gauge(view, "cluster_brokers_up", cluster=name)
         in_flight = _gauge(view, "messages_in_flight", cluster=name)
+        st = states.get(name)
+        st = st if isinstance(st, Mapping) else {}
+        state = st.get("state") if st.get("state") in ("unknown", "up", "down") else (
+            "unknown" if up is None else ("up" if up >= 1 else "down"))
+        errors = view.by("cluster_errors", "error", cluster=name)
         rows.append({
             "name": name,
             "configured": name in ctx.clusters,
             "bootstrap_servers": ctx.clusters.get(name),
-            "up": None if up is None else up >= 1,
+            # The forwarder's one verdict (agent/forwarder/health.py); `up` says the same.
+            "state": state,
+            "reason": jsonable(st.get("reason")) or None,
+            "state_since": _num(float(st["since"])) if isinstance(st.get("since"),
+                                                                  int | float) else None,
+            "last_probe_time": (_num(float(st["last_probe_time"]))
+                                if isinstance(st.get("last_probe_time"), int | float) else None),
+            "last_client_error": jsonable(st.get("last_error")) or None,
+            "client_errors": _count(view.total("cluster_errors", cluster=name)),
+            "client_errors_by_error": _counts(errors),
+            "up": None if state == "unknown" else state == "up",
             "brokers_up": None if brokers is None else _count(brokers),
             "in_flight": None if in_flight is None else _count(in_flight),
             "delivered": _count(view.total("messages_delivered", cluster=name)),
@@ -379,12 +422,21 @@ def transactions(view: View, ctx: Context) -> dict[str, Any]:
     }
 
 
+def _merge_counts(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0) + v
+    return out
+
+
 def discards(view: View, ctx: Context) -> dict[str, Any]:
     """Bruce's discard report: counts by reason with the last few examples of each."""
     counted = {
         "discarded": view.by("messages_discarded", "reason"),
         "rejected": view.by("messages_rejected", "reason"),
-        "error": view.by("delivery_failures", "error"),
+        "quarantined": view.by("spool_files_quarantined", "reason"),
+        "error": _merge_counts(view.by("delivery_failures", "error"),
+                               view.by("cluster_errors", "error")),
     }
     groups: list[dict[str, Any]] = []
     for kind in SAMPLE_KINDS:
@@ -513,14 +565,30 @@ def health(doc: Mapping[str, Any], thresholds: Thresholds = DEFAULT_THRESHOLDS) 
             problems.append(_problem("warning", "oldest_message",
                                      f"oldest buffered message is {_seconds(age)} old"))
     configured = [c for c in doc.get("clusters", []) if c.get("configured")]
-    down = [c["name"] for c in configured if c.get("up") is False]
+    down = [c for c in configured if c.get("state", "down" if c.get("up") is False
+                                                else "up") == "down"]
     if down:
         every = len(down) == len(configured)
-        if len(down) == 1:
-            text = f"cluster {down[0]} is down"
-        else:
-            text = f"clusters {', '.join(down)} are down"
-        problems.append(_problem("critical" if every else "warning", "cluster", text))
+        for c in down:
+            why = f": {c['reason']}" if c.get("reason") else ""
+            problems.append(_problem("critical" if every else "warning", "cluster",
+                                     f"cluster {c['name']} is down{why}"))
+    for t in doc.get("topics", []):
+        st = t.get("stuck")
+        if not isinstance(st, Mapping):
+            continue
+        since, at = st.get("since"), doc.get("time")
+        stuck_for = ""
+        if isinstance(since, int | float) and isinstance(at, int | float):
+            age = max(0.0, float(at) - float(since))
+            if not st.get("operator") and age < STUCK_WARNING_SECONDS:
+                continue  # a transient failure retried at once is no news
+            stuck_for = f" for {_seconds(age)}"
+        text = (f"topic {t['topic']} cannot be delivered{stuck_for}: {st.get('error')} at "
+                f"cluster {st.get('cluster')} ({st.get('detail')}); "
+                f"{t.get('buffered', 0)} messages kept")
+        problems.append(_problem("critical" if st.get("operator") else "warning", "topic",
+                                 text))
     if doc.get("transactions", {}).get("fenced"):
         problems.append(_problem("critical", "fenced",
                                  "exactly-once topics stopped: another running agent uses this "

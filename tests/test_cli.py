@@ -398,3 +398,23 @@ def test_the_printed_ferry_command_works_as_printed(monkeypatch: pytest.MonkeyPa
     assert tryout.ferry_command() == ".venv/bin/ferry"  # dev/try puts nothing on PATH
     monkeypatch.setattr(sys, "argv", ["-c"])
     assert tryout.ferry_command() == f"{sys.executable} -m agent.cli"
+
+
+def test_help_is_plain_text_and_every_command_says_what_it_does() -> None:
+    # argparse prints descriptions verbatim: reST markup (``ferry``) would show as such.
+    top = ferry("--help")
+    assert top.returncode == 0
+    assert top.stdout.startswith("usage: ferry ")
+    assert "Ferry, a durable store-and-forward agent for Kafka" in top.stdout
+    commands = {"run": "Run the agent.", "validate": "Check a configuration",
+                "send": "Send messages", "status": "Summary of a running agent",
+                "buffer": "Inspect the buffer", "replay": "Put messages from a discard log",
+                "buffer topics": "Per-topic depth", "buffer peek": "Show the oldest messages",
+                "buffer compact": "Give a drained buffer's disk space back",
+                "buffer purge": "Delete every buffered message"}
+    for command, heading in commands.items():
+        shown = ferry(*command.split(), "--help")
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.split("\n\n")[1].startswith(heading), (command, shown.stdout)
+    for shown in [top.stdout, *(ferry(*c.split(), "--help").stdout for c in commands)]:
+        assert not any(mark in shown for mark in ("``", ":class:", ":func:", "**")), shown

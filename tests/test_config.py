@@ -448,3 +448,15 @@ def test_a_misspelt_environment_variable_is_warned_about(
     assert len(warned) == 2, warned
     assert "FERRY_BUFER__MAX_BYTES" in warned[0] and "FERRY_BUFFER__MAX_BYTES" in warned[0]
     assert "FERRY_LOGLEVEL" in warned[1] and "FERRY_LOG_LEVEL" in warned[1]
+
+
+def test_a_config_file_topic_over_the_ack_wait_cap_is_refused_not_clamped(
+    tmp_path: Path,
+) -> None:
+    """The 60 s cap on ack_timeout_ms is a bound of TopicConfig: the config file gets the
+    same answer as the management API (it used to be clamped silently at publish time)."""
+    message = config_error(tmp_path, '[topics."orders"]\nack_timeout_ms = 60001\n')
+    assert "topics.orders.ack_timeout_ms" in message
+    assert "less than or equal to 60000" in message
+    ok = write(tmp_path, '[topics."orders"]\nack_timeout_ms = 60000\n')
+    assert load_config(ok).topic("orders").ack_timeout_ms == 60000

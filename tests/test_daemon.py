@@ -7,15 +7,22 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from agent.buffer.store import Store
 from agent.config import load_config
-from agent.daemon import Agent
+from agent.daemon import Agent, run_until_signalled
 from agent.metrics import Registry
+from agent.records import Record
+from agent.runtime import Phase
 from ferry_client import FerryClient
 from tests.agent_harness import AgentProcess, wait_buffered, write_config
+from tests.kafka import free_port
 from tests.reliability.harness import process_group
 from tests.waiting import wait_until
 
@@ -143,3 +150,50 @@ def test_a_failing_watch_thread_stops_the_agent(tmp_path: Path) -> None:
         assert agent.failure == "watching the forwarder process failed"
     finally:
         agent.stop()
+
+
+def test_buffer_figures_are_read_before_the_agent_reports_ready(tmp_path: Path) -> None:
+    """Started on a buffer holding a backlog, the agent is RUNNING (ready) only once the
+    buffer gauges hold it: status and `ferry status` never show an empty buffer meanwhile."""
+    path = write_config(tmp_path / "agent", f"127.0.0.1:{free_port()}", http=False)
+    config = load_config(path)
+    store = Store(config.buffer.path, config.buffer.max_bytes)
+    try:
+        store.append([[Record("backlog", b"m%d" % i) for i in range(500)]])
+    finally:
+        store.close()
+    seen: list[float] = []
+    agent = Agent(config, registry=Registry())
+    set_phase = agent.runtime.set_phase
+
+    def watching(phase: Phase) -> None:
+        if phase is Phase.RUNNING:
+            seen.append(agent.registry.view().total("buffer_messages"))
+        set_phase(phase)
+
+    agent.runtime.set_phase = watching  # type: ignore[method-assign]
+    agent.start()
+    try:
+        assert seen == [500.0]
+    finally:
+        agent.stop()
+
+
+def test_a_part_missing_from_the_installation_stops_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No silent fallback: with spool directories configured and the spool intake not
+    importable, the start fails with the ImportError (it used to run without the stage)."""
+    config = load_config(write_config(tmp_path / "agent", f"127.0.0.1:{free_port()}",
+                                      http=False, spool=True))
+    agent = Agent(config, registry=Registry())
+    monkeypatch.setitem(sys.modules, "agent.ingest.spool_intake", None)  # import fails
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with pytest.raises(ImportError, match="agent.ingest.spool_intake"):
+            run_until_signalled(agent)
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    assert agent.forwarder.pid is not None
+    assert not agent.forwarder._proc.is_alive()  # type: ignore[union-attr]  # stopped too

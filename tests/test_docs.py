@@ -58,3 +58,18 @@ def test_every_document_naming_the_datagram_queue_gives_the_kernels_default_as_1
         text = " ".join(f.read_text().split())
         assert re.search(r"default(?: is| of)? 10\b", text), f
         assert not re.search(r"(?:kernel|Linux)'?s? default(?: is| of)? 512", text), f
+
+
+def test_reference_documents_name_no_commits_and_the_figures_no_dates() -> None:
+    # Reference, not a diary: dated runs and the commits they measured live in bench/results/.
+    root = DOC.parent.parent
+    commit = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,12}\b")
+    reference = [root / "README.md", root / "DEVELOPERS.md", root / "bench" / "README.md",
+                 *sorted((root / "docs").glob("*.md"))]
+    for f in reference:
+        found = commit.findall(f.read_text())
+        assert found == [], f"{f.name} names commits: {found}"
+    for f in (root / "bench" / "README.md", root / "docs" / "reliability.md"):
+        dates = re.findall(r"\b20\d\d-[01]\d-[0-3]\d\b", f.read_text())
+        assert dates == [], f"{f.name} dates its figures: {dates}"
+    assert commit.findall("measured at 3679e49, fixed in 5af4e19") == ["3679e49", "5af4e19"]

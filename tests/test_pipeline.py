@@ -77,7 +77,7 @@ def _malformed_variants(topic: str) -> list[tuple[str, bytes]]:
         ("malformed", good_pk[:14]),
         ("unsupported_api_key", api_key),
         ("unsupported_version", version),
-        ("bad_topic", bad_topic),
+        ("invalid_topic", bad_topic),
         ("too_large", wire.encode_any_partition(topic, b"x" * 2000)),
     ]
 

@@ -95,9 +95,9 @@ class InvalidGroup(BufferFull):
     """A record of the group cannot be encoded (a source let an out-of-range field through).
 
     A subclass of BufferFull only so callers that handle refusals keep working; the reason
-    counted is ``invalid``."""
+    counted is ``unencodable`` (agent/reasons.py)."""
 
-    reason = "invalid"
+    reason = "unencodable"
 
 
 class DiskFull(BufferFull):

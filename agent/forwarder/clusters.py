@@ -15,7 +15,9 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from agent.config import ForwarderConfig, KafkaClusterConfig
+from agent.forwarder.health import ClusterHealth
 from agent.forwarder.partitioner import TopicLayout
+from agent.forwarder.probe import Probe
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +103,10 @@ class Cluster:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self.up = True
         self.brokers = 0
-        self.last_progress = time.monotonic()
-        self.down_since: float | None = None
+        # The one state every reader uses (routing, health, status): agent/forwarder/health.py
+        self.health = ClusterHealth(name, config.outage_after_seconds)
+        self._probe: Probe | None = None
         self._thread = threading.Thread(target=self._metadata_loop, name=f"metadata-{name}",
                                         daemon=True)
 
@@ -142,9 +144,23 @@ class Cluster:
         if p is not None:
             p.purge(in_queue=True, in_flight=False, blocking=False)
 
+    def start_probing(self) -> None:
+        """Probe the cluster on a period from now on, with or without traffic."""
+        if self._probe is None and not self._stop.is_set():
+            self._probe = Probe(self.name, self.config, self.health, _RDKAFKA_LOG)
+            self._probe.start()
+
+    @property
+    def up(self) -> bool:
+        return self.health.up
+
+    @property
+    def down(self) -> bool:
+        return self.health.down
+
     def _error(self, err: KafkaError) -> None:
-        if err.code() == KafkaError._ALL_BROKERS_DOWN:
-            self.mark_down(f"all brokers down: {err.str()}")
+        # A cause to show, not a verdict: the probes and the sends decide (health.py).
+        self.health.client_error(err.str())
         if self._on_error is not None:
             self._on_error(self.name, err)
 
@@ -153,20 +169,6 @@ class Cluster:
 
     def outstanding(self) -> int:
         return sum(len(p) for p in self._producers.values())
-
-    # -- health ----------------------------------------------------------------------------
-    def mark_ok(self) -> None:
-        self.last_progress = time.monotonic()
-        if not self.up:
-            log.info("cluster %s is back", self.name)
-        self.up = True
-        self.down_since = None
-
-    def mark_down(self, why: str) -> None:
-        if self.up:
-            log.warning("cluster %s is down: %s", self.name, why)
-            self.down_since = time.monotonic()
-        self.up = False
 
     # -- topic layouts ---------------------------------------------------------------------
     def layout(self, topic: str) -> TopicLayout | None:
@@ -216,9 +218,6 @@ class Cluster:
             for name in missing:
                 self._missing.add(name)
                 self._wanted.discard(name)
-        if md.brokers and not self.up:
-            # A metadata answer is our probe: route back once the cluster talks again.
-            self.mark_ok()
 
     def _metadata_loop(self) -> None:
         next_full = 0.0
@@ -246,6 +245,8 @@ class Cluster:
     def close(self, timeout: float) -> None:
         self._stop.set()
         self._wake.set()
+        if self._probe is not None:
+            self._probe.stop()
         deadline = time.monotonic() + timeout
         for p in self._producers.values():
             p.flush(max(deadline - time.monotonic(), 0))

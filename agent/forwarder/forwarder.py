@@ -25,10 +25,14 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from agent.buffer import keys
 from agent.buffer.store import Corrupt, DeliveredRun, Outcome, Store, StoredMessage
 from agent.config import FerryConfig, TopicConfig
+from agent.forwarder import failures
 from agent.forwarder.clusters import Cluster
 from agent.forwarder.discard_log import Discard, DiscardLog
+from agent.forwarder.health import Change
 from agent.forwarder.partitioner import UNASSIGNED, TopicLayout, choose
+from agent.forwarder.stuck import Stuck
 from agent.forwarder.transactions import ExactlyOnce
+from agent.log_limit import LogLimit
 from agent.metrics import REGISTRY, Registry
 
 log = logging.getLogger(__name__)
@@ -36,17 +40,9 @@ log = logging.getLogger(__name__)
 LOCAL = "local"
 REMOTE = "remote"
 
-# Errors that sending again cannot fix: the message itself is unacceptable to Kafka.
-PERMANENT = {
-    KafkaError.MSG_SIZE_TOO_LARGE,
-    KafkaError.INVALID_MSG,
-    KafkaError.INVALID_MSG_SIZE,
-    KafkaError.INVALID_RECORD,
-    KafkaError.RECORD_LIST_TOO_LARGE,
-    KafkaError.INVALID_TIMESTAMP,
-    KafkaError.TOPIC_AUTHORIZATION_FAILED,
-    KafkaError.TOPIC_EXCEPTION,
-}
+# What to do about each Kafka error (retry or discard, and why): agent/forwarder/failures.py.
+# The error a topic is stuck on while its partitions cannot be learnt (no send to fail).
+NO_PARTITIONS = "NO_PARTITIONS"
 
 
 # Errors after which an idempotent producer is rebuilt (at most every REPLACE_INTERVAL s).
@@ -104,6 +100,9 @@ class _TopicState:
     # Set when a send of the topic is scheduled again; new messages are read only once every
     # retry has been re-sent and every send of the topic has reported (_schedule_retry).
     recovering: bool = False
+    # Sends failing with an error that is retried, none acknowledged since (stuck.py).
+    stuck: Stuck | None = None
+    waiting_since: float = 0.0  # partitions unknown since (monotonic; 0: known)
 
 
 class _Trouble:
@@ -192,12 +191,15 @@ class Forwarder:
         self._leaving = _Leaving()
         self._generations: dict[str, int] = {}
         self._next_topic_scan = 0.0
+        self._present: set[str] = set()  # topics with buffered messages, as last scanned
         self._next_gauges = 0.0
         self._replaced: dict[tuple[str, str], float] = {}
         self._delete_trouble = _Trouble("removing messages from the buffer", registry,
                                         "buffer_delete")
         self._log_trouble = _Trouble("writing the discard log", registry, "discard_log")
         self._log_retry_at = 0.0
+        # Cluster state changes and stuck topics can repeat for hours: a line a minute each.
+        self._limited = LogLimit(log)
         # Topics with delivery = "exactly_once" are sent by their own thread (transactions.py)
         # and skipped by this loop.
         self.exactly_once = ExactlyOnce(config, store, registry=registry,
@@ -205,8 +207,14 @@ class Forwarder:
                                         cluster=self.clusters[LOCAL],
                                         discard_log=self.discard_log)
 
+    def start_probing(self) -> None:
+        """Every cluster's state from probes, from now on, with or without traffic."""
+        for c in self.clusters.values():
+            c.start_probing()
+
     # -- the loop --------------------------------------------------------------------------
     def run(self, should_stop: Callable[[], bool]) -> None:
+        self.start_probing()
         self.exactly_once.start()
         while not should_stop():
             if not self.step():
@@ -250,8 +258,10 @@ class Forwarder:
         if len(lv.discards) - lv.logged >= MAX_HELD_DISCARDS:
             return False  # the discard log refuses lines: hold no more (see the constant)
         if now >= self._next_topic_scan:
-            for t in self.store.topics():
+            present = self.store.topics()
+            for t in present:
                 self._topics.setdefault(t, _TopicState())
+            self._present = set(present)
             self._generations = self.store.generations()
             self._next_topic_scan = now + 0.01
         worked = False
@@ -271,7 +281,12 @@ class Forwarder:
                 # Partitions being looked up (or the cluster is unreachable): the messages
                 # wait in the buffer, but the TTL still applies to them.
                 worked |= self._expire_head(topic, st, now)
+                self._waiting_for_layout(topic, st, now)
                 continue
+            if st.waiting_since:
+                st.waiting_since = 0.0
+                if st.stuck is not None and st.stuck.error == NO_PARTITIONS:
+                    self._unstuck(topic, st)
             batch = self.store.read(topic, st.cursor, min(room, 2000))
             if not batch:
                 st.drained_at = now
@@ -430,7 +445,7 @@ class Forwarder:
         if local.layout(topic) is not None or local.known_missing(topic):
             return True
         remote = self.clusters.get(REMOTE)
-        if not local.up and remote is not None:
+        if local.down and remote is not None:
             return remote.layout(topic) is not None or remote.known_missing(topic)
         return False
 
@@ -439,7 +454,8 @@ class Forwarder:
         local = self.clusters[LOCAL]
         remote = self.clusters.get(REMOTE)
         fallback = f.settings.fallback_to_remote and remote is not None
-        if fallback and remote is not None and not local.up and remote.up:
+        # Only a cluster found down (health.py) sends traffic away: never idleness.
+        if fallback and remote is not None and local.down and remote.up:
             if self._produce(f, REMOTE) is None:
                 self._schedule_retry(f, 0.05)
             return
@@ -498,8 +514,10 @@ class Forwarder:
             # A producer in librdkafka's fatal state refuses every produce() this way, and no
             # delivery report will come to say so: start a fresh one.
             self._replace_producer(cluster, f.settings.acks, err)
-        self._failed(f, cluster, str(exc), permanent=code in PERMANENT,
-                     code=err.name() if err is not None else "error")
+        self._failed(f, cluster, str(exc),
+                     permanent=code is not None and failures.discards(code),
+                     code=err.name() if err is not None else "error",
+                     operator=code is not None and failures.needs_operator(code))
 
     def _on_delivery(self, f: Flight, cluster: str, err: KafkaError | None, msg: Message) -> None:
         # Runs inside poll() on this thread: just record; _handle_reports does the work.
@@ -524,9 +542,12 @@ class Forwarder:
             f.pending -= 1
             m = f.msg
             topic = m.record.topic
-            topics[topic].sending -= 1
+            ts = topics[topic]
+            ts.sending -= 1
             if err is None:
                 acked.add(cluster)
+                if ts.stuck is not None:
+                    self._unstuck(topic, ts)
                 if not i & 63:  # a sample is enough for the latency histogram
                     sent = f.sent_local_at if cluster == LOCAL else f.sent_remote_at
                     if sent:
@@ -552,11 +573,12 @@ class Forwarder:
                 # An idempotent producer whose id the cluster forgot (e.g. a cluster rebuilt
                 # from scratch) never recovers by itself: start a fresh one.
                 self._replace_producer(cluster, f.settings.acks, err)
-            permanent = code in PERMANENT
+            permanent = failures.discards(code)
             if not permanent and code != KafkaError._PURGE_QUEUE:
                 purge.add((cluster, f.settings.acks))
             self._failed(f, cluster, err.str() or err.name(), permanent=permanent,
-                         code=err.name(), attempt=code != KafkaError._PURGE_QUEUE)
+                         code=err.name(), attempt=code != KafkaError._PURGE_QUEUE,
+                         operator=failures.needs_operator(code))
         lv.delivered += delivered
         for cluster, acks in purge:
             # Keep per-key order: messages still queued behind a failed one would otherwise
@@ -564,7 +586,7 @@ class Forwarder:
             # Failing them now puts them in their topic's retry queue, re-sent in id order.
             self.clusters[cluster].purge_queued(acks)
         for cluster in acked:
-            self.clusters[cluster].mark_ok()
+            self.clusters[cluster].health.acknowledged()
         return True
 
     def _replace_producer(self, cluster: str, acks: str, err: KafkaError) -> None:
@@ -577,7 +599,7 @@ class Forwarder:
 
     def _failed(
         self, f: Flight, cluster: str, error: str, *, permanent: bool, code: str = "error",
-        attempt: bool = True,
+        attempt: bool = True, operator: bool = False,
     ) -> None:
         """A send of ``f`` failed: discard it (permanent), or try the other cluster, or
         schedule a retry. ``attempt`` False: Ferry itself withdrew the send (a purge), which
@@ -604,9 +626,49 @@ class Forwarder:
             self._discard(f, "attempts", f"{f.attempts} attempts, last error: {error}",
                           in_flight=True)
             return
+        if attempt:
+            self._stuck(f.msg.topic, code, cluster, error, operator)
         delay = min(self.backoff_initial * (2 ** min(max(f.attempts - 1, 0), 16)),
                     self.backoff_max)
         self._schedule_retry(f, delay)
+
+    def _stuck(self, topic: str, code: str, cluster: str, error: str, operator: bool) -> None:
+        """A send of ``topic`` failed and is retried: the topic is stuck until its next
+        acknowledgement, shown on its row and in health (failures.py says how loud)."""
+        st = self._topics.setdefault(topic, _TopicState())
+        if st.stuck is not None:
+            st.stuck.again(code, cluster, error, operator)
+            return
+        st.stuck = Stuck(code, cluster, error, operator)
+        if operator:
+            # Loud: only a person can fix it (an ACL, a missing topic), and until then the
+            # topic's backlog grows. Kept, never discarded for it (docs/design.md).
+            self._limited.warning(f"stuck:{topic}", "topic %s cannot be delivered: %s at "
+                                  "cluster %s (%s); its messages stay buffered and are retried "
+                                  "until ttl_seconds", topic, code, cluster, error)
+
+    def _waiting_for_layout(self, topic: str, st: _TopicState, now: float) -> None:
+        """A topic with messages whose partitions cannot be learnt (its cluster unreachable,
+        or not answering for it) sends nothing, so no send fails to say why: after
+        outage_after_seconds it is stuck on NO_PARTITIONS, with the cluster's state."""
+        if not st.waiting_since:
+            st.waiting_since = now
+            return
+        local = self.clusters[LOCAL]
+        if (st.stuck is None and topic in self._present
+                and now - st.waiting_since >= local.config.outage_after_seconds):
+            h = local.health
+            self._stuck(topic, NO_PARTITIONS, LOCAL,
+                        f"its partitions are not known after {now - st.waiting_since:.0f} s; "
+                        f"cluster {LOCAL} is {h.state}" + (f": {h.reason}" if h.reason else ""),
+                        False)
+
+    def _unstuck(self, topic: str, st: _TopicState) -> None:
+        stuck = st.stuck
+        st.stuck = None
+        if stuck is not None and stuck.operator:
+            log.warning("topic %s delivers again after %d failed sends over %.0f s (%s)",
+                        topic, stuck.failures, time.time() - stuck.since, stuck.error)
 
     def _schedule_retry(self, f: Flight, delay: float) -> None:
         """Queue ``f`` to be sent again after ``delay``, behind nothing newer of its topic.
@@ -674,12 +736,28 @@ class Forwarder:
 
     # -- health ----------------------------------------------------------------------------
     def _check_health(self, now: float) -> None:
+        """Feed each cluster's state (health.py) with its outstanding sends; log changes."""
         for c in self.clusters.values():
-            limit = c.config.outage_after_seconds
-            if c.up and c.outstanding() > 0 and now - c.last_progress > limit:
-                c.mark_down(f"nothing acknowledged for {limit:g} s")
+            h = c.health
+            h.sends(c.outstanding())
+            h.check()
+            for change in h.changes():
+                self._log_change(change)
+                self._next_gauges = 0.0  # publish a new state at once, not in up to 0.5 s
+
+    def _log_change(self, change: Change) -> None:
+        if change.new == "down":
+            self._limited.warning(f"down:{change.cluster}", "cluster %s is down: %s",
+                                  change.cluster, change.reason)
+        elif change.old == "down":
+            self._limited.warning(f"back:{change.cluster}", "cluster %s is up again after "
+                                  "%.0f s: %s", change.cluster, change.after_seconds,
+                                  change.reason)
+        else:
+            log.info("cluster %s is %s: %s", change.cluster, change.new, change.reason)
 
     def _client_error(self, cluster: str, err: KafkaError) -> None:
+        self.registry.inc("cluster_errors", cluster=cluster, error=err.name())
         self.registry.sample("error", err.name(), {"cluster": cluster, "detail": err.str()})
 
     # -- leaving the buffer ----------------------------------------------------------------
@@ -784,10 +862,18 @@ class Forwarder:
 
     def _gauges(self) -> None:
         reg = self.registry
+        states: dict[str, Any] = {}
         for name, c in self.clusters.items():
-            reg.set("cluster_up", 1.0 if c.up else 0.0, cluster=name)
+            snap = c.health.snapshot()
+            states[name] = snap.to_json()
+            if snap.state != "unknown":
+                reg.set("cluster_up", 1.0 if snap.state == "up" else 0.0, cluster=name)
             reg.set("cluster_brokers_up", float(c.brokers), cluster=name)
             reg.set("messages_in_flight", float(c.outstanding()), cluster=name)
+        reg.set_info("cluster_state", states)
+        reg.set_info("stuck_topics", {t: {**st.stuck.to_json(),
+                                          "retrying": len(st.retry) + st.in_flight}
+                                      for t, st in self._topics.items() if st.stuck is not None})
 
     # -- stopping --------------------------------------------------------------------------
     def shutdown(self, timeout: float = 5.0) -> None:

@@ -15,15 +15,17 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from agent.buffer.store import Store
-from agent.config import FerryConfig
+from agent.config import FerryConfig, TopicConfig
 from agent.forwarder.forwarder import Forwarder
 from agent.gc_tuning import freeze_startup_heap
 from agent.logs import setup_logging
 from agent.metrics import REGISTRY
+from agent.topics import TopicCatalog
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +90,6 @@ def main(config_data: dict[str, Any], conn: Connection) -> None:
     os._exit(0)
 
 
-def _topic_settings(config: FerryConfig, store: Store) -> Any:
+def _topic_settings(config: FerryConfig, store: Store) -> Callable[[str], TopicConfig]:
     """Per-topic settings: API-managed topics (HTTP management) override the config file's."""
-    try:
-        from agent.ingest.http.topics import TopicCatalog
-    except ImportError:
-        return config.topic
-    catalog = TopicCatalog(config, store)
-    return catalog.settings
+    return TopicCatalog(config, store).settings

@@ -32,7 +32,7 @@ from ferry_client.wire import ANY_PARTITION, API_VERSION, PARTITION_KEY
 
 __all__ = [
     "ANY_PARTITION",
-    "BAD_TOPIC",
+    "INVALID_TOPIC",
     "MALFORMED",
     "PARTITION_KEY",
     "TOO_LARGE",
@@ -47,7 +47,7 @@ __all__ = [
 MALFORMED = "malformed"
 UNSUPPORTED_API_KEY = "unsupported_api_key"
 UNSUPPORTED_VERSION = "unsupported_version"
-BAD_TOPIC = "bad_topic"
+INVALID_TOPIC = "invalid_topic"  # the word of agent/reasons.py, as HTTP answers it
 TOO_LARGE = "too_large"
 
 _GENERIC = Struct(">ihh")  # Size ApiKey ApiVersion
@@ -78,7 +78,7 @@ class Reject(Exception):
     """A datagram Ferry will not accept.
 
     ``reason`` is one of the module constants (:data:`MALFORMED`, :data:`UNSUPPORTED_API_KEY`,
-    :data:`UNSUPPORTED_VERSION`, :data:`BAD_TOPIC`, :data:`TOO_LARGE`), fit for a metric label;
+    :data:`UNSUPPORTED_VERSION`, :data:`INVALID_TOPIC`, :data:`TOO_LARGE`), fit for a metric label;
     ``detail`` says what exactly was wrong, for the log.
     """
 
@@ -220,11 +220,11 @@ def _check_topic(raw: bytes) -> str:
     try:
         topic = raw.decode("ascii")
     except UnicodeDecodeError:
-        raise Reject(BAD_TOPIC, f"topic {raw[:64]!r} is not ASCII") from None
+        raise Reject(INVALID_TOPIC, f"topic {raw[:64]!r} is not ASCII") from None
     # is_valid_topic's regex ends in "$", which also matches before a final "\n"; Kafka's rule
     # allows no newline anywhere, so refuse it here rather than forward an undeliverable name.
     if not is_valid_topic(topic) or "\n" in topic:
-        raise Reject(BAD_TOPIC, f"topic {topic[:64]!r} is not a legal Kafka topic name")
+        raise Reject(INVALID_TOPIC, f"topic {topic[:64]!r} is not a legal Kafka topic name")
     if len(_TOPIC_CACHE) >= _TOPIC_CACHE_MAX:
         _TOPIC_CACHE.clear()
     topic = sys.intern(topic)

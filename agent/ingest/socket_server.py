@@ -25,6 +25,7 @@ from agent.buffer.store import EncodedGroup
 from agent.config import FerryConfig, TopicConfig
 from agent.ingest import datagram
 from agent.ingest.gil import lower_switch_interval
+from agent.log_limit import LogLimit
 from agent.metrics import REGISTRY, Registry
 from agent.records import Source
 
@@ -198,14 +199,20 @@ class SocketServer:
                     return
 
 
+_refusals = LogLimit(log)
+
+
 def _log_refusal(result: Result) -> None:
     # The committer counts refused groups (messages_rejected{reason=buffer_full|disk_*}) and
     # logs refusals for lack of space once per episode: a line per group would be thousands
     # a second while the buffer or its disk is full.
     if not isinstance(result, list):
-        level = (logging.DEBUG if result.reason in ("buffer_full", "disk_full", "disk_error")
-                 else logging.WARNING)
-        log.log(level, "datagrams refused: %s", result)
+        if result.reason in ("buffer_full", "disk_full", "disk_error"):
+            log.debug("datagrams refused: %s", result)
+        else:
+            # Any other refusal repeats with every group too: a line a minute per reason,
+            # with the count of the lines left out.
+            _refusals.warning(result.reason, "datagrams refused: %s", result)
 
 
 def _in_use(path: Path) -> bool:

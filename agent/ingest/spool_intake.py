@@ -322,7 +322,7 @@ class SpoolIntake:
         except _Unstorable as exc:
             # The buffer refuses a record of it for good (e.g. a header name it cannot
             # encode): waiting cannot help, and the files behind it must not wait for ever.
-            self._quarantine(root, path, key, "invalid", str(exc))
+            self._quarantine(root, path, key, InvalidGroup.reason, str(exc))
             return False
         finally:
             reader.close()
@@ -427,14 +427,19 @@ class SpoolIntake:
         try:
             self.store.append_encoded(runs, state_puts=puts)
         except InvalidGroup as exc:
-            registry.inc("messages_rejected", sum(len(r[1]) for r in runs),
-                         source=Source.SPOOL, reason="invalid")
+            n = sum(len(r[1]) for r in runs)
+            registry.inc("messages_rejected", n, source=Source.SPOOL, reason=InvalidGroup.reason)
+            registry.sample("rejected", InvalidGroup.reason, {"source": Source.SPOOL,
+                                                              "detail": str(exc), "messages": n})
             raise _Unstorable(str(exc)) from None
         except (BufferFull, BufferUnavailable) as exc:
             # buffer_full, disk_full (the filesystem's reserve), or the disk's own error.
             reason = getattr(exc, "reason", "buffer_full")
-            registry.inc("messages_rejected", sum(len(r[1]) for r in runs),
-                         source=Source.SPOOL, reason=reason)
+            n = sum(len(r[1]) for r in runs)
+            registry.inc("messages_rejected", n, source=Source.SPOOL, reason=reason)
+            # A sample with its time for the page, as the other sources leave.
+            registry.sample("rejected", reason, {"source": Source.SPOOL, "detail": str(exc),
+                                                 "messages": n})
             return exc
         registry.inc("buffer_commits", writer=Source.SPOOL)
         registry.observe("buffer_commit_seconds", time.perf_counter() - started,
@@ -477,6 +482,10 @@ class SpoolIntake:
         pending.event.wait()
         if isinstance(pending.result, list):
             return True
+        if isinstance(pending.result, InvalidGroup):
+            # Refused for good, and already counted by the committer: committing it again
+            # would only count its records a second time.
+            raise _Unstorable(str(pending.result))
         return self._commit(batch, puts)
 
     def _commit(self, batch: list[Record], puts: dict[bytes, bytes]) -> bool:
@@ -543,9 +552,9 @@ class SpoolIntake:
             f"{reason}: {detail}\nquarantined at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n")
         self.store.update_state(deletes=[key])
         self.registry.inc("spool_files_quarantined", reason=reason)
-        self.registry.sample("rejected", f"spool_{reason}", {"source": Source.SPOOL,
-                                                             "file": str(root / name),
-                                                             "detail": detail})
+        self.registry.sample("quarantined", reason, {"source": Source.SPOOL,
+                                                     "file": str(root / name),
+                                                     "detail": detail})
         log.error("spool file %s quarantined to %s: %s", root / name, target, detail)
 
     def _wake_later(self) -> None:

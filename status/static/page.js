@@ -30,7 +30,7 @@
   var openSamples = {};     // which sample lists the reader expanded, kept across re-renders
   var state = {             // exposed for people debugging in the console (and for tests)
     polls: 0, errors: 0, lastError: null, renderError: null, doc: null, points: points,
-    charts: { rate: null, depth: null }, refreshMs: refreshMs
+    charts: { rate: null, depth: null }, refreshMs: refreshMs, fmtTick: fmtTick
   };
   window.ferryStatus = state;
 
@@ -178,6 +178,14 @@
 
   // A fresh agent has little history: zoom in rather than draw everything in the last pixels.
   var WINDOWS = [[30, 5], [60, 10], [120, 20], [180, 30], [300, 60]];  // [seconds, tick]
+
+  // A time-axis label, whole units only: "-40s", "-1m40s", "-2m" (never "-1.666m").
+  function fmtTick(ago) {
+    if (ago === 0) return "now";
+    if (ago < 60) return "-" + ago + "s";
+    var m = Math.floor(ago / 60), sec = Math.round(ago - 60 * m);
+    return "-" + m + "m" + (sec ? sec + "s" : "");
+  }
   function chartWindow(now) {
     var span = points.length ? now - points[0].time : 0;
     for (var i = 0; i < WINDOWS.length; i++) if (WINDOWS[i][0] >= span) return WINDOWS[i];
@@ -220,11 +228,12 @@
     }
     ctx.textAlign = "center";
     ctx.textBaseline = "top";
+    var ticks = [];
     for (var ago = 0; ago <= span; ago += tick) {
       var x = Math.round(X(now - ago)) + 0.5;
       ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, bottom); ctx.stroke();
-      ctx.fillText(ago === 0 ? "now" : ago < 60 ? "-" + ago + "s" : "-" + ago / 60 + "m",
-                   x, bottom + 6);
+      ticks.push(fmtTick(ago));
+      ctx.fillText(ticks[ticks.length - 1], x, bottom + 6);
     }
 
     ctx.save();
@@ -258,6 +267,7 @@
     return {
       ymax: ymax,
       window: span,
+      ticks: ticks,
       plot: { left: left, right: right, top: top, bottom: bottom },
       series: series.map(function (s) {
         return { name: s.name, color: s.color, points: s.data.length,
@@ -351,7 +361,8 @@
 
   function renderTopics(doc) {
     var rows = doc.topics.slice().sort(function (a, b) {
-      var ha = a.buffered > 0 || a.last_error ? 0 : 1, hb = b.buffered > 0 || b.last_error ? 0 : 1;
+      var ha = a.stuck ? -1 : a.buffered > 0 || a.last_error ? 0 : 1;
+      var hb = b.stuck ? -1 : b.buffered > 0 || b.last_error ? 0 : 1;
       return ha - hb || (a.topic < b.topic ? -1 : a.topic > b.topic ? 1 : 0);
     });
     setText("topics-note", rows.length > MAX_TOPIC_ROWS ?
@@ -369,8 +380,16 @@
         tr.appendChild(td(t.buffered ? fmtAge(t.oldest_age_seconds) : "–", "num"));
         tr.appendChild(td(fmtInt(t.discarded), "num"));
         tr.appendChild(td(fmtInt(t.delivery_failures), "num"));
-        var err = td("", t.last_error ? "err" : null);
-        if (t.last_error) {
+        var err = td("", t.last_error || t.stuck ? "err" : null);
+        if (t.stuck) {
+          // Why the topic does not deliver: the error it is retried on, since when.
+          err.appendChild(document.createTextNode(
+            "STUCK: " + t.stuck.error + (t.stuck.cluster ? " @" + t.stuck.cluster : "")));
+          if (t.stuck.detail) err.appendChild(el("div", "sub", t.stuck.detail));
+          err.appendChild(el("div", "sub", fmtInt(t.stuck.failures) + " failed sends" +
+            (t.stuck.since ? " in " + fmtAge(Math.max(0, doc.time - t.stuck.since)) : "") +
+            (t.stuck.operator ? "; needs an operator" : "")));
+        } else if (t.last_error) {
           err.appendChild(document.createTextNode(
             t.last_error.error + (t.last_error.cluster ? " @" + t.last_error.cluster : "")));
           if (t.last_error.detail) err.appendChild(el("div", "sub", t.last_error.detail));
@@ -396,12 +415,22 @@
         var name = td(c.name);
         if (c.bootstrap_servers) name.appendChild(el("div", "sub mono", c.bootstrap_servers));
         tr.appendChild(name);
-        tr.appendChild(c.up === null ? td("unknown", "unknown-state") :
-          c.up ? td("up", "up") : td("DOWN", "down"));
+        var state = c.state === "unknown" ? td("unknown", "unknown-state") :
+          c.state === "up" ? td("up", "up") : td("DOWN", "down");
+        if (c.state === "down" && c.reason) state.appendChild(el("div", "sub", c.reason));
+        if (c.state !== "up" && c.state_since) {
+          state.appendChild(el("div", "sub", "for " + fmtAge(Math.max(0, doc.time - c.state_since))));
+        }
+        tr.appendChild(state);
         tr.appendChild(td(c.brokers_up === null ? "–" : c.brokers_up, "num"));
         tr.appendChild(td(fmtInt(c.in_flight), "num"));
         tr.appendChild(td(fmtInt(c.delivered), "num"));
-        tr.appendChild(td(fmtInt(c.delivery_failures), "num"));
+        var failures = td(fmtInt(c.delivery_failures), "num");
+        if (c.client_errors) {
+          failures.appendChild(el("div", "sub", fmtInt(c.client_errors) + " client errors" +
+            (c.last_client_error ? ": " + c.last_client_error : "")));
+        }
+        tr.appendChild(failures);
         tr.appendChild(td(fmtAge(c.latency.p50_seconds), "num"));
         tr.appendChild(td(fmtAge(c.latency.p99_seconds), "num"));
         tr.appendChild(td(fmtAge(c.latency.mean_seconds), "num"));

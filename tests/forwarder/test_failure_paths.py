@@ -161,8 +161,9 @@ def test_a_permanent_refusal_by_one_cluster_waits_for_the_other(setup: Setup) ->
                                                 speculative_send_delay_ms=0))
     setup.store.append([[Record("t", b"m")]])
     assert steps_until(fwd, lambda: len(local.p.sent) == 1 and len(remote.p.sent) == 1)
-    # The remote datacenter refuses the topic for good (its ACLs differ) ...
-    remote.p._answer(b"m", KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    # The remote datacenter refuses the message for good (its brokers take smaller
+    # messages: an error the failure policy discards on) ...
+    remote.p._answer(b"m", KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
     steps_until(fwd, lambda: False, limit=200)
     assert setup.store.topic_stats(), "discarded although the local send was still in flight"
     # ... and the local one delivers it.

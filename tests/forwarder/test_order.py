@@ -4,7 +4,6 @@ rule against a real broker and a real outage: tests/reliability/test_outage.py.)
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from agent.buffer.store import Store
 from agent.config import BufferConfig, FerryConfig, ForwarderConfig, KafkaClusterConfig
 from agent.forwarder.discard_log import DiscardLog
 from agent.forwarder.forwarder import Forwarder
+from agent.forwarder.health import ClusterHealth
 from agent.forwarder.partitioner import TopicLayout
 from agent.metrics import Registry
 from agent.records import Record
@@ -74,13 +74,24 @@ class FakeProducer:
 
 
 class FakeCluster:
-    def __init__(self) -> None:
-        self.config = KafkaClusterConfig(outage_after_seconds=3600)
-        self.up = True
+    def __init__(self, outage_after_seconds: float = 3600) -> None:
+        self.config = KafkaClusterConfig(outage_after_seconds=outage_after_seconds)
+        self.health = ClusterHealth("fake", outage_after_seconds)
+        self.health.probe_answered(1)  # no probe thread here: the test plays the cluster
         self.brokers = 1
-        self.last_progress = time.monotonic()
         self.p = FakeProducer()
         self._producers = {"leader": self.p}
+
+    @property
+    def up(self) -> bool:
+        return self.health.up
+
+    @property
+    def down(self) -> bool:
+        return self.health.down
+
+    def start_probing(self) -> None:
+        pass
 
     def layout(self, topic: str) -> TopicLayout:
         return TopicLayout((0,), (0,))
@@ -99,12 +110,6 @@ class FakeCluster:
 
     def purge_queued(self, acks: str) -> None:
         self.p.purge()
-
-    def mark_ok(self) -> None:
-        self.last_progress = time.monotonic()
-
-    def mark_down(self, reason: str) -> None:
-        self.up = False
 
     def replace_producer(self, acks: str) -> None:
         pass

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from agent.ingest.http.topics import TopicCatalog
+from agent.topics import TopicCatalog
 from tests.http.harness import Served
 
 AVRO = {"type": "record", "name": "R", "fields": [{"name": "a", "type": "int"}]}
@@ -176,7 +176,7 @@ def test_another_process_sees_api_topics(managed: Served) -> None:
         "from pathlib import Path\n"
         "from agent.buffer.store import Store\n"
         "from agent.config import FerryConfig\n"
-        "from agent.ingest.http.topics import TopicCatalog\n"
+        "from agent.topics import TopicCatalog\n"
         "store = Store(Path(sys.argv[1]), 1 << 30)\n"
         "cat = TopicCatalog(FerryConfig(), store)\n"
         "s = cat.settings('shared')\n"

@@ -117,7 +117,7 @@ def test_batch_with_one_bad_message_stores_nothing(serve: Callable[..., Served])
     assert r.status_code == 400
     assert "line 3" in _error(r)["message"]
     assert served.messages("j") == []
-    assert served.counter("messages_rejected", source="http", reason="invalid") == 3
+    assert served.counter("messages_rejected", source="http", reason="invalid_body") == 3
 
 
 def test_batch_with_one_oversized_message_is_413_and_stores_nothing(
@@ -207,7 +207,7 @@ def test_bodies_that_parse_badly_are_400_not_500(typed: Served, path: str, body:
     assert _error(r)["error"] == "invalid_body"
     topic = path.split("/")[2]
     assert typed.messages(topic) == []
-    assert typed.counter("messages_rejected", source="http", reason="invalid") >= 1
+    assert typed.counter("messages_rejected", source="http", reason="invalid_body") >= 1
 
 
 def test_json_topic_refuses_other_media_types(typed: Served) -> None:
@@ -294,6 +294,11 @@ def test_illegal_topic_name_is_400(served: Served, topic: str) -> None:
     r = served.client.post(f"/topics/{topic}", content=b"v")
     assert r.status_code == 400
     assert _error(r)["error"] == "invalid_topic"
+    # The answer's code is the counted reason, with a sample and its time for the page.
+    assert served.counter("messages_rejected", source="http", reason="invalid_topic") == 1
+    (sample,) = served.registry.view().samples[("rejected", "invalid_topic")]
+    assert sample["source"] == "http" and sample["status"] == 400
+    assert "legal Kafka topic name" in sample["detail"] and sample["time"] > 0
 
 
 # -- limits -----------------------------------------------------------------------------------
@@ -332,7 +337,7 @@ def test_slow_body_is_408(serve: Callable[..., Served]) -> None:
     assert b"connection: close" in answer.lower()
     assert b"http.body_timeout_seconds" in answer
     assert served.messages("slow") == []
-    assert served.counter("messages_rejected", source="http", reason="timeout") == 1
+    assert served.counter("messages_rejected", source="http", reason="request_timeout") == 1
 
 
 def _read_all(sock: socket.socket) -> bytes:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from agent.buffer import codec
 from agent.ingest.datagram import (
-    BAD_TOPIC,
+    INVALID_TOPIC,
     MALFORMED,
     TOO_LARGE,
     UNSUPPORTED_API_KEY,
@@ -266,7 +266,7 @@ def test_unsupported_version(api_key: int, version: int) -> None:
 )
 @pytest.mark.parametrize("api_key", [256, 257])
 def test_bad_topic(topic: bytes, api_key: int) -> None:
-    assert reject_reason(build(api_key=api_key, topic=topic)) == BAD_TOPIC
+    assert reject_reason(build(api_key=api_key, topic=topic)) == INVALID_TOPIC
 
 
 def test_longest_legal_topic_is_accepted() -> None:
@@ -291,13 +291,13 @@ def test_too_large_uses_the_topics_own_limit() -> None:
 
 
 def test_bad_topic_is_reported_before_too_large() -> None:
-    assert reject_reason(build(topic=b"bad topic", value=b"x" * 10), 1) == BAD_TOPIC
+    assert reject_reason(build(topic=b"bad topic", value=b"x" * 10), 1) == INVALID_TOPIC
 
 
 def test_a_rejected_topic_stays_rejected_and_a_legal_one_stays_legal() -> None:
     # The topic cache must hold only legal names.
     for _ in range(3):
-        assert reject_reason(build(topic=b"no way")) == BAD_TOPIC
+        assert reject_reason(build(topic=b"no way")) == INVALID_TOPIC
         assert parse(build(topic=b"fine"), LIMIT).topic == "fine"
 
 
@@ -315,7 +315,7 @@ def test_arbitrary_bytes_parse_or_reject(data: bytes) -> None:
     try:
         record = parse(data, LIMIT)
     except Reject as exc:
-        assert exc.reason in (MALFORMED, UNSUPPORTED_API_KEY, UNSUPPORTED_VERSION, BAD_TOPIC)
+        assert exc.reason in (MALFORMED, UNSUPPORTED_API_KEY, UNSUPPORTED_VERSION, INVALID_TOPIC)
     else:
         assert isinstance(record, Record)
 

@@ -14,10 +14,10 @@ from agent.buffer.committer import Committer
 from agent.buffer.store import BufferUnavailable, Store, StoredMessage
 from agent.config import BufferConfig, FerryConfig, SocketConfig, TopicConfig
 from agent.ingest.gil import SWITCH_INTERVAL, lower_switch_interval
-from agent.ingest.http.topics import TopicCatalog
 from agent.ingest.socket_server import SocketServer
 from agent.metrics import Registry
 from agent.records import Record
+from agent.topics import TopicCatalog
 from ferry_client.wire import encode_any_partition, encode_partition_key
 from tests.waiting import wait_until
 

@@ -615,7 +615,14 @@ def test_a_record_the_buffer_cannot_store_quarantines_its_file_and_the_rest_goes
         assert (intake.dirs[0] / "quarantine" / "t" / "a.jsonl").exists()
         assert [m.record.value for m in buffered(intake.store, "t")] == [b"fine"]
         view = intake.registry.view()
-        assert view.total("spool_files_quarantined", reason="invalid") == 1
+        assert view.total("spool_files_quarantined", reason="unencodable") == 1
+        # Under one word everywhere (agent/reasons.py), each with a sample for the page;
+        # the one record counted once, not once per attempt.
+        assert view.total("messages_rejected", source="spool", reason="unencodable") == 1
+        assert all(r["source"] == "spool" for r in view.samples[("rejected", "unencodable")])
+        (quarantined,) = view.samples[("quarantined", "unencodable")]
+        assert quarantined["source"] == "spool"
+        assert quarantined["file"].endswith("a.jsonl")
 
 
 def test_a_file_name_that_is_not_utf8_is_ingested_and_stops_nothing(tmp_path: Path) -> None:

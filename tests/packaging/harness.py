@@ -56,7 +56,8 @@ def run(argv: Sequence[str | Path], *, timeout: float = 300, check: bool = True,
 
 
 def install_test_deps() -> None:
-    """mmdebstrap, rpm, systemd-nspawn, python3-venv: apt-installed when missing."""
+    """mmdebstrap, rpm, systemd-nspawn, python3-venv, lintian, rpmlint and promtool:
+    installed when missing (packaging/install-test-deps.sh says how)."""
     run([PACKAGING / "install-test-deps.sh"], timeout=600)
 
 

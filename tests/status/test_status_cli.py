@@ -65,7 +65,7 @@ def test_every_cluster_down_is_critical(status_server: StatusServer) -> None:
     act.fail("clicks", "local", "_TRANSPORT", "Broker transport failure")
     code, out = run(status_server.url)
     assert code == cli.CRITICAL, out
-    assert out.startswith("FERRY CRITICAL - clusters local, remote are down")
+    assert out.startswith("FERRY CRITICAL - cluster local is down; cluster remote is down")
     assert "clicks: 3 buffered" in out and "last error _TRANSPORT @local" in out
 
 

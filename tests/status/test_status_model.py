@@ -205,7 +205,74 @@ def test_one_cluster_down_warns_and_all_down_is_critical() -> None:
     reg.set("cluster_up", 0.0, cluster="local")
     status, _ = verdict(doc := everything(reg))
     assert status == "critical"
-    assert doc["health"]["problems"][0]["message"] == "clusters local, remote are down"
+    assert sorted(p["message"] for p in doc["health"]["problems"]) == [
+        "cluster local is down", "cluster remote is down"]
+
+
+def test_a_down_cluster_is_critical_with_the_forwarders_reason() -> None:
+    """The forwarder's verdict (info cluster_state) is what the health and the row show."""
+    reg = healthy_registry()
+    reg.set("cluster_up", 0.0, cluster="local")
+    reg.set("cluster_up", 0.0, cluster="remote")
+    why = ("no answer to a metadata request (Failed while waiting for controller: Local: "
+           "Timed out): 127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: "
+           "Connection refused")
+    reg.set_info("cluster_state", {
+        "local": {"state": "down", "reason": why, "since": time.time() - 5,
+                  "last_probe_time": time.time(), "last_probe_ok": False,
+                  "last_error": "Connect failed", "errors": 3},
+        "remote": {"state": "down", "reason": "no answer", "since": time.time(),
+                   "last_probe_time": None, "last_probe_ok": None, "last_error": "",
+                   "errors": 0}})
+    reg.inc("cluster_errors", 3, cluster="local", error="_TRANSPORT")
+    doc = everything(reg)
+    assert doc["health"]["status"] == "critical"
+    assert f"cluster local is down: {why}" in [p["message"] for p in doc["health"]["problems"]]
+    row = next(c for c in doc["clusters"] if c["name"] == "local")
+    assert (row["state"], row["reason"], row["up"]) == ("down", why, False)
+    assert row["client_errors_by_error"] == {"_TRANSPORT": 3}
+    # The cluster's error rows on the page count what they show samples of.
+    reg.sample("error", "_TRANSPORT", {"cluster": "local", "detail": "Connect failed"})
+    group = next(g for g in everything(reg)["discards"]["groups"]
+                 if (g["kind"], g["reason"]) == ("error", "_TRANSPORT"))
+    assert group["count"] == 3 and group["last_time"] is not None
+
+
+def test_an_unknown_cluster_is_neither_up_nor_down() -> None:
+    reg = healthy_registry()
+    reg.set_info("cluster_state", {"local": {"state": "unknown", "reason": "no probe answered "
+                                             "yet", "since": time.time()}})
+    row = next(c for c in everything(reg)["clusters"] if c["name"] == "local")
+    assert (row["state"], row["up"]) == ("unknown", None)
+
+
+def _stuck(operator: bool, age: float) -> dict[str, Any]:
+    now = NOW  # the documents' time (ctx)
+    return {"error": "TOPIC_AUTHORIZATION_FAILED" if operator else "_MSG_TIMED_OUT",
+            "cluster": "local", "detail": "Broker: Topic authorization failed",
+            "operator": operator, "since": now - age, "last_time": now, "failures": 7,
+            "retrying": 5}
+
+
+@pytest.mark.parametrize(("operator", "age", "expected"), [
+    (True, 0.5, "critical"),     # an ACL: only a person helps, say so at once
+    (False, 0.5, "ok"),          # a transient failure retried at once is no news
+    (False, 30.0, "warning"),    # ... unless the topic stays stuck
+])
+def test_a_stuck_topic_is_named_with_its_error(operator: bool, age: float,
+                                               expected: str) -> None:
+    reg = healthy_registry()
+    reg.replace_gauge("buffer_messages", {(("topic", "orders"),): 5.0})
+    reg.set_info("stuck_topics", {"orders": _stuck(operator, age)})
+    doc = everything(reg)
+    row = next(t for t in doc["topics"] if t["topic"] == "orders")
+    assert row["stuck"]["failures"] == 7 and row["stuck"]["operator"] is operator
+    assert doc["health"]["status"] == expected
+    if expected != "ok":
+        (problem,) = [p for p in doc["health"]["problems"] if p["check"] == "topic"]
+        assert problem["message"].startswith("topic orders cannot be delivered for ")
+        assert row["stuck"]["error"] in problem["message"]
+        assert "5 messages kept" in problem["message"]
 
 
 def test_unconfigured_cluster_down_does_not_count() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from agent.daemon import Agent
 from ferry_client import FerryClient
 from status.routes import StatusService
 from tests.agent_harness import AgentProcess, write_config
-from tests.kafka import Broker, unique_topic_name
+from tests.kafka import Broker, free_port, unique_topic_name
 from tests.status.statuskit import Activity, StatusServer, serve
 from tests.waiting import wait_until
 
@@ -266,3 +267,61 @@ def test_page_of_the_real_agent_follows_messages_to_kafka(
             "ingest", "forwarder"}
         assert page_errors(chromium) == []
         save_full_page(chromium, artifacts_dir / "status-page-real-agent.png")
+
+
+def test_page_says_why_a_cluster_is_down_and_why_a_topic_is_stuck(
+    chromium: WebDriver, status_server: StatusServer
+) -> None:
+    act = status_server.activity
+    now = time.time()
+    act.cluster("local", up=False)
+    act.cluster("remote", up=False)
+    why = ("no answer to a metadata request (Local: Timed out): Connect to "
+           "ipv4#127.0.0.1:1 failed: Connection refused")
+    act.registry.set_info("cluster_state", {
+        "local": {"state": "down", "reason": why, "since": now - 30},
+        "remote": {"state": "down", "reason": "no answer", "since": now - 30}})
+    act.accept("orders", 5)
+    act.registry.set_info("stuck_topics", {"orders": {
+        "error": "TOPIC_AUTHORIZATION_FAILED", "cluster": "local",
+        "detail": "Broker: Topic authorization failed", "operator": True,
+        "since": now - 60, "last_time": now, "failures": 42}})
+    open_page(chromium, status_server)
+    assert chromium.find_element(By.ID, "health").text.lower() == "critical"
+    state = texts(chromium, "#clusters tr[data-cluster='local'] td")[1]
+    assert state.startswith("DOWN") and "Connection refused" in state
+    row = texts(chromium, "#topics tr[data-topic='orders'] td")
+    assert row[0] == "orders"  # stuck topics come first
+    assert "STUCK: TOPIC_AUTHORIZATION_FAILED @local" in row[7]
+    assert "42 failed sends" in row[7] and "needs an operator" in row[7]
+    problems = " ".join(texts(chromium, "#problems li"))
+    assert "topic orders cannot be delivered" in problems
+    assert "cluster local is down: " + why in problems
+    # Time-axis labels in whole units (a 2-minute window ticks every 20 s).
+    labels = chromium.execute_script(
+        "return [0, 20, 40, 60, 80, 100, 120, 150, 300].map(window.ferryStatus.fmtTick)")
+    assert labels == ["now", "-20s", "-40s", "-1m", "-1m20s", "-1m40s", "-2m", "-2m30s",
+                      "-5m"]
+    drawn = chromium.execute_script("return window.ferryStatus.charts.rate.ticks")
+    assert drawn and all("." not in t for t in drawn), drawn
+    assert page_errors(chromium) == []
+
+
+def test_page_of_an_agent_whose_only_cluster_is_unreachable_is_critical(
+    chromium: WebDriver, tmp_path: Path
+) -> None:
+    """No traffic at all, Kafka on a closed port: the page turns CRITICAL from the probes
+    alone, and its cluster row says why (issue 17: it used to stay OK)."""
+    closed = free_port()
+    with AgentProcess(write_config(tmp_path, f"127.0.0.1:{closed}")) as agent:
+        chromium.set_window_size(1400, 1000)
+        chromium.get(agent.http_url + "/?refresh=250")
+        page_errors(chromium)
+        wait_until(lambda: chromium.find_element(By.ID, "health").text.lower() == "critical",
+                   timeout=15, message="the page's badge CRITICAL without traffic")
+        state = wait_until(lambda: (t := texts(chromium, "#clusters tr[data-cluster='local'] td"))
+                           and "Connection refused" in t[1] and t[1], timeout=10,
+                           message="the cluster row's reason")
+        assert state.startswith("DOWN")
+        assert "cluster local is down" in " ".join(texts(chromium, "#problems li"))
+        assert page_errors(chromium) == []

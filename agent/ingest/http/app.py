@@ -25,9 +25,9 @@ from agent.ingest.http.management import TopicsApi, json_error, json_response
 from agent.ingest.http.openapi import openapi_document
 from agent.ingest.http.publish import Publisher
 from agent.ingest.http.ratelimit import retry_after_header
-from agent.ingest.http.topics import TopicCatalog
 from agent.metrics import Registry
 from agent.runtime import Phase, Runtime
+from agent.topics import TopicCatalog
 
 log = logging.getLogger(__name__)
 

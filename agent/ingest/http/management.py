@@ -31,7 +31,8 @@ from starlette.routing import BaseRoute, Route
 from agent.config import TopicConfig
 from agent.ingest.http.codecs import BodyError, check_topic, is_json, media_type, parse_json
 from agent.ingest.http.errors import error_body
-from agent.ingest.http.topics import (
+from agent.runtime import Runtime
+from agent.topics import (
     InvalidTopicName,
     TopicCatalog,
     TopicEntry,
@@ -39,10 +40,8 @@ from agent.ingest.http.topics import (
     TopicNotFound,
     TopicReadOnly,
 )
-from agent.runtime import Runtime
 
 MAX_BODY_BYTES = 1024 * 1024
-MAX_ACK_TIMEOUT_MS = 60_000
 # What a topic's settings object may hold (the config file's names; "schema" for schema_).
 SETTINGS_FIELDS = tuple(
     (f.alias or name) for name, f in TopicConfig.model_fields.items()
@@ -214,9 +213,6 @@ class TopicsApi:
                 f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}"
                 for e in exc.errors())
             raise ApiError(400, "invalid_settings", problems) from None
-        if settings.ack_timeout_ms > MAX_ACK_TIMEOUT_MS:
-            raise ApiError(400, "invalid_settings",
-                           f"ack_timeout_ms: at most {MAX_ACK_TIMEOUT_MS}")
         try:
             check_topic(settings)
         except ValueError as exc:

@@ -12,7 +12,7 @@ from typing import Any
 
 from agent import __version__
 from agent.ingest.http.idempotency import MAX_KEY_LENGTH
-from agent.ingest.http.management import MAX_ACK_TIMEOUT_MS
+from agent.topics import settings_schema
 
 _REF = "#/components/schemas/"
 _RESP = "#/components/responses/"
@@ -80,23 +80,14 @@ def _batch_published(description: str) -> dict[str, Any]:
             "content": {"application/json": {"schema": _ref("BatchPublished")}}}
 
 
-_SETTINGS_PROPERTIES: dict[str, Any] = {
-    "acks": {"type": "string", "enum": ["all", "leader"]},
-    "ttl_seconds": {"type": "integer", "minimum": 1},
-    "max_message_bytes": {"type": "integer", "minimum": 1},
-    "max_attempts": {"type": "integer", "minimum": 0},
-    "content_type": {"type": "string", "enum": ["binary", "json", "avro"]},
-    "schema": {"nullable": True, "description": "Avro schema (avro topics) or JSON Schema "
-               "(json topics), as JSON text or as JSON (an Avro union is an array); "
-               "binary topics ignore it",
-               "oneOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}]},
-    "rate_limit": {"type": "number", "minimum": 0,
-                   "description": "messages/s over HTTP; 0 = unlimited"},
-    "ack_timeout_ms": {"type": "integer", "minimum": 0, "maximum": MAX_ACK_TIMEOUT_MS},
-    "fallback_to_remote": {"type": "boolean"},
-    "speculative_send_delay_ms": {"type": "integer", "minimum": 0},
-    "delivery": {"type": "string", "enum": ["at_least_once", "exactly_once"]},
-}
+# Types, choices and bounds come from TopicConfig (agent/topics.py: settings_schema); only
+# what the API adds is said here: descriptions, and that a schema may be sent as JSON.
+_SETTINGS_PROPERTIES: dict[str, Any] = settings_schema()
+_SETTINGS_PROPERTIES["schema"] = {
+    "nullable": True, "description": "Avro schema (avro topics) or JSON Schema (json topics), "
+    "as JSON text or as JSON (an Avro union is an array); binary topics ignore it",
+    "oneOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}]}
+_SETTINGS_PROPERTIES["rate_limit"]["description"] = "messages/s over HTTP; 0 = unlimited"
 
 
 @functools.cache

@@ -40,9 +40,9 @@ from agent.ingest.http.deadlines import BodyDeadlines
 from agent.ingest.http.delivery import CompletionBridge, DeliveryWatcher, Locate, store_locate
 from agent.ingest.http.errors import JSON_CONTENT_TYPE, HttpError
 from agent.ingest.http.ratelimit import RateLimiter
-from agent.ingest.http.topics import TopicCatalog, valid_topic
 from agent.records import Record, Source
 from agent.runtime import Phase, Runtime
+from agent.topics import TopicCatalog, valid_topic
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-# Longest Ferry holds a request waiting for Kafka, whatever a topic's ack_timeout_ms says.
-MAX_ACK_WAIT_MS = 60_000
 # Refusals of a request whose body is still coming keep the connection (httptools reads and
 # drops the rest of a declared body) unless that body is bigger than this.
 _DRAIN_LIMIT = 4 * 1024 * 1024
@@ -239,6 +237,10 @@ class Publisher:
             if exc.reason is not None:
                 self.counters.add("messages_rejected", (*_SOURCE, ("reason", exc.reason)),
                                   exc.count)
+                # A sample and a last-seen time for the page, as every source gives.
+                self.runtime.registry.sample("rejected", exc.reason, {
+                    "source": "http", "topic": topic, "status": exc.status,
+                    "detail": exc.message, "messages": exc.count})
             return exc.status, exc.headers(body), body
         # A bug must still produce an answer, and a log line.
         log.error("publishing to %r failed", topic, exc_info=exc)
@@ -257,7 +259,7 @@ class Publisher:
         if not valid_topic(topic):
             raise HttpError(400, "invalid_topic",
                             f"{topic[:300]!r} is not a legal Kafka topic name: 1 to 249 of "
-                            "A-Z a-z 0-9 . _ -, and not '.' or '..'", reason="invalid")
+                            "A-Z a-z 0-9 . _ -, and not '.' or '..'", reason="invalid_topic")
         settings = self.catalog.resolve(topic)
         if settings is None:
             raise HttpError(404, "unknown_topic",
@@ -295,12 +297,12 @@ class Publisher:
             request.partition_key = _partition_key(request.fpk)
         if request.pkey is not None and not request.pkey:
             raise HttpError(400, "invalid_header", "Partition-Key is empty; leave it out for "
-                            "no key", reason="invalid")
+                            "no key", reason="invalid_header")
         if request.ikey is not None:
             try:
                 idem.check_key(request.ikey)
             except idem.BadKey as exc:
-                raise HttpError(400, "invalid_header", str(exc), reason="invalid") from None
+                raise HttpError(400, "invalid_header", str(exc), reason="invalid_header") from None
         return request
 
     def _records(self, request: _Request, body: bytes) -> list[Record]:
@@ -315,7 +317,7 @@ class Publisher:
         try:
             values = codec.batch(media, body) if batch else [codec.single(media, body)]
         except BodyError as exc:
-            raise HttpError(400, "invalid_body", str(exc), reason="invalid",
+            raise HttpError(400, "invalid_body", str(exc), reason="invalid_body",
                             count=exc.count) from None
         except MediaTypeError as exc:
             raise HttpError(415, "unsupported_media_type", str(exc),
@@ -431,7 +433,7 @@ class Publisher:
             if self.deadlines.expired(task):
                 raise HttpError(408, "request_timeout",
                                 f"the body did not arrive within {self.body_timeout:g} s "
-                                "(http.body_timeout_seconds)", reason="timeout",
+                                "(http.body_timeout_seconds)", reason="request_timeout",
                                 close=True) from None
             raise
         finally:
@@ -513,13 +515,15 @@ class Publisher:
         if entry.fingerprint != fingerprint:
             raise HttpError(422, "idempotency_key_reused",
                             "this Idempotency-Key was used for a different request (body or "
-                            "headers differ) within the idempotency window", reason="invalid",
+                            "headers differ) within the idempotency window",
+                            reason="idempotency_key_reused",
                             count=n)
         return await self._answer(topic, entry.ids, settings, batch, replayed=True)
 
     async def _answer(self, topic: str, ids: list[bytes], settings: TopicConfig, batch: bool,
                       replayed: bool = False) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        timeout_ms = min(settings.ack_timeout_ms, MAX_ACK_WAIT_MS)
+        # At most MAX_ACK_TIMEOUT_MS: a bound of TopicConfig (agent/config.py).
+        timeout_ms = settings.ack_timeout_ms
         if timeout_ms <= 0 or not self.track:
             return _response(ids, batch, False, replayed)
         _, watcher = self._bind()
@@ -585,9 +589,9 @@ def _ids(result: Any, n: int) -> list[bytes]:
     if result is _CLOSING:
         raise _not_accepting(Phase.STOPPING, count=n)
     if isinstance(result, InvalidGroup):
-        # Counted by the committer (reason invalid). The checks above should make this
+        # Counted by the committer (reason unencodable). The checks above should make this
         # impossible; if a record still cannot be encoded, it is the client's input.
-        raise HttpError(400, "invalid_body", f"the message cannot be stored: {result}",
+        raise HttpError(400, result.reason, f"the message cannot be stored: {result}",
                         count=n)
     if isinstance(result, BufferFull):
         # Counted by the committer (messages_rejected reason buffer_full, or disk_full when
@@ -664,7 +668,7 @@ def _partition_key(raw: bytes) -> int:
     if value is None or not _INT32_MIN <= value <= _INT32_MAX:
         raise HttpError(400, "invalid_header",
                         f"Ferry-Partition-Key must be a 32-bit signed integer "
-                        f"({_INT32_MIN}..{_INT32_MAX}), not {raw[:40]!r}", reason="invalid")
+                        f"({_INT32_MIN}..{_INT32_MAX}), not {raw[:40]!r}", reason="invalid_header")
     return value
 
 

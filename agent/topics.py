@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -226,6 +226,25 @@ class TopicCatalog:
         self.store.update_state({TOPIC_PREFIX + _ascii(name): doc, VERSION_KEY: version})
         self._api = {**self._api, name: settings}
         self._version = version
+
+
+def settings_schema() -> dict[str, dict[str, Any]]:
+    """Each topic setting as an OpenAPI 3.0 schema, generated from ``TopicConfig``: its
+    types, choices and bounds are stated once, in the model (the API document used to
+    restate them by hand)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, prop in TopicConfig.model_json_schema(by_alias=True)["properties"].items():
+        prop = {k: v for k, v in prop.items() if k != "title"}
+        variants = prop.pop("anyOf", None)
+        if variants is not None:
+            # JSON Schema's "X or null" is OpenAPI 3.0's nullable X.
+            kept = [v for v in variants if v.get("type") != "null"]
+            if len(kept) != 1:
+                raise ValueError(f"topic setting {name}: cannot express {variants} in OpenAPI")
+            prop.update(kept[0])
+            prop["nullable"] = True
+        out[name] = prop
+    return out
 
 
 def _new_version() -> bytes:

@@ -1,0 +1,199 @@
+"""One cluster's state, as every reader sees it: ``unknown``, ``up`` or ``down``, and why.
+
+Two witnesses decide it, never the mere absence of traffic:
+
+- **probes**: a metadata request every ``probe_interval_seconds`` (agent/forwarder/probe.py),
+  sent whether or not there is anything to deliver;
+- **sends**: messages handed to the cluster and not answered yet.
+
+The rules (docs/design.md, "Cluster state"):
+
+- ``unknown`` only until the first probe answers or fails;
+- a cluster that never answered is ``down`` as soon as a probe fails; one that answered is
+  ``down`` once probes have failed for ``outage_after_seconds`` since the first failure;
+- ``down`` too while sends are outstanding and nothing was acknowledged for
+  ``outage_after_seconds`` since they became outstanding (or since the last acknowledgement,
+  whichever is later). An idle cluster has nothing outstanding, so idleness never counts;
+- otherwise ``up``.
+
+Pure logic with an explicit clock (monotonic seconds), so the rules are unit-tested without a
+broker. The probe thread and the forwarder's thread both call in; a lock keeps it whole.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+State = Literal["unknown", "up", "down"]
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A state change, for the caller to log (rate-limited) and count."""
+
+    cluster: str
+    old: State
+    new: State
+    reason: str
+    after_seconds: float  # how long the old state lasted
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What the status documents show about a cluster (times are wall-clock seconds)."""
+
+    state: State
+    reason: str
+    since: float
+    last_probe_time: float | None
+    last_probe_ok: bool | None
+    last_error: str
+    errors: int
+
+    def to_json(self) -> dict[str, object]:
+        return {"state": self.state, "reason": self.reason, "since": self.since,
+                "last_probe_time": self.last_probe_time, "last_probe_ok": self.last_probe_ok,
+                "last_error": self.last_error, "errors": self.errors}
+
+
+class ClusterHealth:
+    def __init__(self, name: str, outage_after: float,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.name = name
+        self.outage_after = outage_after
+        self._clock = clock
+        self._wall = wall
+        self._lock = threading.Lock()
+        # Read without the lock on the forwarder's hot path (routing): a str is swapped whole.
+        self.state: State = "unknown"
+        self.reason = "no probe answered yet"
+        self._since = clock()
+        self._since_wall = wall()
+        self._answered = False  # some probe ever answered
+        self._probe_failing_since: float | None = None
+        self._probe_error = ""
+        self._last_probe_time: float | None = None
+        self._last_probe_ok: bool | None = None
+        self._busy_since: float | None = None  # sends outstanding since (None: none)
+        self._last_ack = float("-inf")
+        self._outstanding = 0
+        self.last_error = ""  # the client's last error report (e.g. a connect error)
+        self.errors = 0
+        self._changes: list[Change] = []
+
+    @property
+    def up(self) -> bool:
+        return self.state == "up"
+
+    @property
+    def down(self) -> bool:
+        return self.state == "down"
+
+    # -- witnesses ---------------------------------------------------------------------------
+    def probe_answered(self, brokers: int) -> None:
+        with self._lock:
+            self._answered = True
+            self._probe_failing_since = None
+            self._probe_error = ""
+            self._last_probe_time = self._wall()
+            self._last_probe_ok = True
+            self._decide(f"answered a metadata request ({brokers} brokers)")
+
+    def probe_failed(self, error: str) -> None:
+        with self._lock:
+            now = self._clock()
+            if self._probe_failing_since is None:
+                self._probe_failing_since = now
+            self._probe_error = error
+            self._last_probe_time = self._wall()
+            self._last_probe_ok = False
+            self._decide("")
+
+    def client_error(self, error: str) -> None:
+        """librdkafka's error callback: kept as the likely cause, not a verdict by itself
+        (an idle connection closed by the broker reports "all brokers down" too)."""
+        with self._lock:
+            self.last_error = error
+            self.errors += 1
+
+    def acknowledged(self) -> None:
+        with self._lock:
+            self._last_ack = self._clock()
+            if self.state != "up":
+                self._decide("acknowledged a message")
+
+    def sends(self, outstanding: int) -> None:
+        """How many sends the cluster holds unanswered now (called every forwarder step)."""
+        if outstanding == self._outstanding and (outstanding == 0 or self.state == "down"):
+            return  # nothing new to judge: the common idle and busy-down cases, lock-free
+        with self._lock:
+            now = self._clock()
+            if outstanding == 0:
+                self._busy_since = None
+            elif self._busy_since is None:
+                self._busy_since = now
+            self._outstanding = outstanding
+            self._decide("")
+
+    def check(self) -> None:
+        """Re-judge with the time that passed (called every forwarder step)."""
+        if self.state == "down" and self._busy_since is not None:
+            return
+        if self._busy_since is None and self._probe_failing_since is None:
+            return
+        with self._lock:
+            self._decide("")
+
+    # -- the rules ---------------------------------------------------------------------------
+    def _verdict(self, now: float) -> tuple[State, str]:
+        limit = self.outage_after
+        failing = self._probe_failing_since
+        cause = f": {self.last_error}" if self.last_error else ""
+        # An acknowledgement after the probes began failing proves the cluster works.
+        if failing is not None and self._last_ack < failing:
+            if not self._answered:
+                return "down", f"no answer to a metadata request ({self._probe_error}){cause}"
+            if now - failing >= limit:
+                return "down", (f"no answer to metadata requests for {now - failing:.0f} s "
+                                f"({self._probe_error}){cause}")
+        busy = self._busy_since
+        if busy is not None:
+            quiet = now - max(busy, self._last_ack)
+            if quiet >= limit:
+                return "down", (f"{self._outstanding} messages sent, none acknowledged for "
+                                f"{quiet:.0f} s{cause}")
+        if self._answered or self._last_ack > float("-inf"):
+            return "up", ""
+        if failing is not None and self._last_ack < failing:
+            return "down", f"no answer to a metadata request ({self._probe_error}){cause}"
+        return "unknown", "no probe answered yet"
+
+    def _decide(self, why_up: str) -> None:
+        now = self._clock()
+        state, reason = self._verdict(now)
+        if state == "up":
+            reason = why_up or self.reason if self.state == "up" else (why_up or "answering")
+        if state != self.state:
+            self._changes.append(Change(self.name, self.state, state, reason,
+                                        now - self._since))
+            self.state = state
+            self._since = now
+            self._since_wall = self._wall()
+        self.reason = reason
+
+    # -- reading -----------------------------------------------------------------------------
+    def changes(self) -> list[Change]:
+        """State changes since the last call, oldest first."""
+        with self._lock:
+            out, self._changes = self._changes, []
+            return out
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            return Snapshot(self.state, self.reason, self._since_wall, self._last_probe_time,
+                            self._last_probe_ok, self.last_error, self.errors)

@@ -1,0 +1,126 @@
+"""A cluster's state from probes and sends (agent/forwarder/health.py), with a test clock:
+idleness is never an outage, a cluster that never answered is down at the first failed
+probe, one that answered only after outage_after_seconds of failures or of unanswered sends."""
+
+from __future__ import annotations
+
+from agent.forwarder.health import ClusterHealth
+
+LIMIT = 10.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def health() -> tuple[ClusterHealth, Clock]:
+    clock = Clock()
+    return ClusterHealth("local", LIMIT, clock=clock, wall=clock), clock
+
+
+def test_unknown_until_the_first_probe() -> None:
+    h, clock = health()
+    clock.now += 60
+    h.check()
+    assert h.state == "unknown"
+    h.probe_answered(3)
+    assert h.state == "up"
+    assert [(c.old, c.new) for c in h.changes()] == [("unknown", "up")]
+
+
+def test_a_cluster_that_never_answered_is_down_at_the_first_failed_probe() -> None:
+    h, _ = health()
+    h.client_error("127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: "
+                   "Connection refused")
+    h.probe_failed("Failed while waiting for controller: Local: Timed out")
+    assert h.state == "down"
+    assert "Connection refused" in h.reason and "Timed out" in h.reason
+    snap = h.snapshot()
+    assert (snap.state, snap.last_probe_ok, snap.errors) == ("down", False, 1)
+
+
+def test_an_idle_cluster_answering_probes_stays_up_however_long() -> None:
+    """The bug of issue 17: after 10 s without traffic, the next send looked like an outage."""
+    h, clock = health()
+    h.probe_answered(1)
+    for _ in range(100):  # 1000 s idle, probed every 10 s
+        clock.now += 10
+        h.probe_answered(1)
+        h.sends(0)
+        h.check()
+    h.sends(500)  # a burst: its sends are outstanding from now, not since the last ack
+    h.check()
+    assert h.state == "up"
+    clock.now += 0.05
+    h.acknowledged()
+    h.sends(0)
+    assert h.state == "up"
+    assert [(c.old, c.new) for c in h.changes()] == [("unknown", "up")]
+
+
+def test_outstanding_sends_unanswered_for_the_limit_mean_down() -> None:
+    h, clock = health()
+    h.probe_answered(1)
+    h.sends(5)
+    clock.now += LIMIT - 0.5
+    h.sends(5)
+    h.check()
+    assert h.state == "up"
+    clock.now += 1.0
+    h.check()
+    assert h.state == "down"
+    assert h.reason.startswith("5 messages sent, none acknowledged for 10 s")
+    # Probes answering do not undo what the sends show (no flapping)...
+    h.probe_answered(1)
+    assert h.state == "down"
+    # ... an acknowledgement does.
+    h.acknowledged()
+    assert h.state == "up"
+
+
+def test_acknowledgements_keep_a_busy_cluster_up() -> None:
+    h, clock = health()
+    h.probe_answered(1)
+    for _ in range(50):
+        clock.now += 1.0
+        h.sends(100)
+        h.acknowledged()
+        h.check()
+    assert h.state == "up"
+
+
+def test_probes_failing_on_an_answered_cluster_mean_down_after_the_limit() -> None:
+    h, clock = health()
+    h.probe_answered(2)
+    h.probe_failed("timed out")
+    assert h.state == "up"
+    clock.now += LIMIT - 1
+    h.probe_failed("timed out")
+    h.check()
+    assert h.state == "up"
+    clock.now += 1
+    h.check()
+    assert h.state == "down"
+    assert "no answer to metadata requests for 10 s" in h.reason
+    clock.now += 30
+    h.probe_answered(2)
+    assert h.state == "up"
+    changes = h.changes()
+    assert [(c.old, c.new) for c in changes] == [("unknown", "up"), ("up", "down"),
+                                                 ("down", "up")]
+    assert changes[-1].after_seconds == 30
+
+
+def test_an_acknowledgement_outweighs_a_failing_probe() -> None:
+    h, clock = health()
+    h.probe_answered(1)
+    h.probe_failed("timed out")
+    clock.now += 1
+    h.acknowledged()
+    clock.now += LIMIT * 3
+    h.check()
+    assert h.state == "up"

