@@ -16,7 +16,14 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -190,8 +197,26 @@ class TopicConfig(_Section):
     ack_timeout_ms: int = Field(default=65, ge=0, le=MAX_ACK_TIMEOUT_MS)
     fallback_to_remote: bool = False
     speculative_send_delay_ms: int = Field(default=250, ge=0)
+    # "exactly_once": Kafka transactions with a progress record and a read-back of the
+    # uncertain tail (docs/design.md, "Exactly-once delivery"); needs acks "all".
+    delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _exactly_once_rules(self) -> TopicConfig:
+        if self.delivery != "exactly_once":
+            return self
+        if self.acks != "all":
+            # Not implied: the default is "leader", and a topic's settings should read as
+            # what they do. Transactions need idempotent acks=all producers.
+            raise ValueError('delivery = "exactly_once" needs acks = "all" (transactions '
+                             'write with acks=all): set acks = "all" for this topic')
+        if self.fallback_to_remote:
+            raise ValueError('delivery = "exactly_once" cannot be combined with '
+                             'fallback_to_remote: a second send to another cluster would '
+                             'deliver the message twice')
+        return self
 
 
 class ForwarderConfig(_Section):
@@ -214,6 +239,16 @@ class ForwarderConfig(_Section):
     restart_backoff_max_seconds: float = Field(default=30.0, gt=0, le=3600, allow_inf_nan=False)
     restart_healthy_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     restart_max_crashes: int = Field(default=10, ge=0)
+    # Exactly-once topics (delivery = "exactly_once"): this agent's identity, which names its
+    # transactional.id and its progress records. Empty: /etc/machine-id, else the host name.
+    # Two running agents must never share one (docs/design.md, "Agent identity").
+    agent_id: str = Field(default="", pattern=r"^[A-Za-z0-9._-]{0,200}$")
+    # A transaction collects messages for at most this long before it commits: longer means
+    # fewer commits (throughput), shorter means read_committed consumers see messages sooner.
+    transaction_interval_ms: int = Field(default=100, ge=1, le=60_000)
+    transaction_max_messages: int = Field(default=20_000, ge=1)
+    # Internal compacted topic holding each agent's progress per exactly-once topic.
+    progress_topic: str = "_ferry_progress"
 
 
 class StatusConfig(_Section):

@@ -102,6 +102,20 @@ DEFINITIONS: dict[str, MetricDef] = {
                   "Spool files Ferry could not finish with: unremovable (ingested, but the "
                   "agent may not delete or move it), error (an unexpected error, in the log).",
                   ("reason",)),
+        MetricDef("transactions_committed", "counter",
+                  "Kafka transactions of exactly-once topics committed."),
+        MetricDef("transactions_aborted", "counter",
+                  "Kafka transactions of exactly-once topics given up (the next producer "
+                  "instance settles them; what landed is found and not sent again).",
+                  ("reason",)),
+        MetricDef("transaction_seconds", "histogram",
+                  "Time from a transaction's first message to its commit."),
+        MetricDef("transaction_progress_timestamp_seconds", "gauge",
+                  "Acceptance time of the newest message committed to Kafka of an "
+                  "exactly-once topic (its progress position).", ("topic",)),
+        MetricDef("transactions_fenced", "gauge",
+                  "1 once another running agent with this agent's identity fenced its "
+                  "transactional producer: exactly-once topics are stopped."),
         MetricDef("http_requests", "counter", "HTTP requests answered.", ("route", "status")),
         MetricDef("process_restarts", "counter", "Child processes restarted.", ("process",)),
         MetricDef("process_memory_bytes", "gauge",

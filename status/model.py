@@ -405,6 +405,23 @@ def spool(view: View, ctx: Context) -> dict[str, Any]:
     }
 
 
+def transactions(view: View, ctx: Context) -> dict[str, Any]:
+    """Exactly-once topics (delivery = "exactly_once"): Kafka transactions and, per topic, the
+    progress position (acceptance time of the newest message committed to Kafka)."""
+    fenced = _gauge(view, "transactions_fenced")
+    progress = view.by("transaction_progress_timestamp_seconds", "topic")
+    return {
+        "time": ctx.now,
+        "committed": _count(view.total("transactions_committed")),
+        "aborted": _count(view.total("transactions_aborted")),
+        "aborted_by_reason": _counts(view.by("transactions_aborted", "reason")),
+        "latency": _latency(view.histogram("transaction_seconds")),
+        "fenced": bool(fenced is not None and fenced >= 1),
+        "progress": [{"topic": t, "committed_up_to": _num(progress[t])}
+                     for t in sorted(progress) if t],
+    }
+
+
 def _merge_counts(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:
     out = dict(a)
     for k, v in b.items():
@@ -479,6 +496,7 @@ def everything(
         "topics": topics(view, ctx)["topics"],
         "clusters": clusters(view, ctx)["clusters"],
         "spool": spool(view, ctx),
+        "transactions": transactions(view, ctx),
         "discards": discards(view, ctx),
         "history": [dict(p) for p in history],
     }
@@ -571,6 +589,10 @@ def health(doc: Mapping[str, Any], thresholds: Thresholds = DEFAULT_THRESHOLDS) 
                 f"{t.get('buffered', 0)} messages kept")
         problems.append(_problem("critical" if st.get("operator") else "warning", "topic",
                                  text))
+    if doc.get("transactions", {}).get("fenced"):
+        problems.append(_problem("critical", "fenced",
+                                 "exactly-once topics stopped: another running agent uses this "
+                                 "agent's identity (forwarder.agent_id)"))
     history = doc.get("history") or []
     now = doc.get("time")
     if history and isinstance(now, int | float):

@@ -185,6 +185,8 @@ class StatusService:
             Route("/status/clusters", doc(model.clusters), methods=["GET"],
                   name="status_clusters"),
             Route("/status/spool", doc(model.spool), methods=["GET"], name="status_spool"),
+            Route("/status/transactions", doc(model.transactions), methods=["GET"],
+                  name="status_transactions"),
             Route("/status/schema", self._schema_endpoint, methods=["GET"],
                   name="status_schema"),
             Route("/metrics", self._metrics_endpoint, methods=["GET"], name="metrics"),

@@ -510,7 +510,8 @@ def consume_all(
     return received
 
 
-def read_topic(bootstrap: str, topic: str, timeout: float = 10.0) -> list[ConsumedMessage]:
+def read_topic(bootstrap: str, topic: str, timeout: float = 10.0, *,
+               read_committed: bool = False) -> list[ConsumedMessage]:
     """Every record ``topic`` holds now, in partition then offset order.
 
     Reads each partition until Fetch reports its end (partition EOF); records produced while
@@ -523,7 +524,9 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 10.0) -> list[Consum
         return []
     received: list[ConsumedMessage] = []
     pending = set(partitions)
-    consumer = _reader(bootstrap, **{"enable.partition.eof": True})
+    consumer = _reader(bootstrap, **{
+        "enable.partition.eof": True,
+        "isolation.level": "read_committed" if read_committed else "read_uncommitted"})
     try:
         consumer.assign(_from_start(topic, partitions))
         while pending:

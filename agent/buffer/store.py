@@ -197,6 +197,9 @@ class DeliveredRun:
     sizes: list[int] = field(default_factory=list)
     partitions: list[int] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
+    # Shown by locate() (GET /messages/{id}) beside the outcome, e.g. "committed in
+    # transaction" for an exactly-once topic's messages.
+    note: str = ""
 
 
 # tracking value: state, partition, offset, at_ms, then "topic NUL cluster NUL reason".
@@ -212,6 +215,8 @@ def _unpack_outcome(raw: bytes) -> dict[str, Any]:
                            "at_ms": at_ms}
     if doc["state"] == "delivered":
         doc.update(cluster=cluster, partition=partition, offset=offset)
+        if reason:
+            doc["note"] = reason
     else:
         doc["reason"] = reason
     return doc
@@ -942,7 +947,7 @@ class Store:
         for run in runs:
             entries: list[tuple[bytes, bytes]] = []
             if track:
-                tail = f"{run.topic}\0{run.cluster}\0".encode()
+                tail = f"{run.topic}\0{run.cluster}\0{run.note}".encode()
                 entries = [(k[-id_len:], pack(delivered, p, o, now_ms) + tail)
                            for k, p, o in zip(run.keys, run.partitions, run.offsets,
                                               strict=True)]

@@ -33,6 +33,7 @@ from agent.forwarder.discard_log import Discard, DiscardLog
 from agent.forwarder.health import Change
 from agent.forwarder.partitioner import UNASSIGNED, TopicLayout, choose
 from agent.forwarder.stuck import Stuck
+from agent.forwarder.transactions import ExactlyOnce
 from agent.log_limit import LogLimit
 from agent.metrics import REGISTRY, Registry
 
@@ -203,6 +204,12 @@ class Forwarder:
         self._log_retry_at = 0.0
         # Cluster state changes and stuck topics can repeat for hours: a line a minute each.
         self._limited = LogLimit(log)
+        # Topics with delivery = "exactly_once" are sent by their own thread (transactions.py)
+        # and skipped by this loop.
+        self.exactly_once = ExactlyOnce(config, store, registry=registry,
+                                        topic_settings=self.topic_settings,
+                                        cluster=self.clusters[LOCAL],
+                                        discard_log=self.discard_log)
 
     def start_probing(self) -> None:
         """Every cluster's state from probes, from now on, with or without traffic."""
@@ -212,6 +219,7 @@ class Forwarder:
     # -- the loop --------------------------------------------------------------------------
     def run(self, should_stop: Callable[[], bool]) -> None:
         self.start_probing()
+        self.exactly_once.start()
         while not should_stop():
             if not self.step():
                 # Idle: wait for delivery reports a moment rather than spin.
@@ -262,6 +270,8 @@ class Forwarder:
             self._next_topic_scan = now + 0.01
         worked = False
         for topic, st in self._topics.items():
+            if self.exactly_once.owns(topic):
+                continue  # sent in transactions by self.exactly_once
             room = min(self.per_topic_cap - st.in_flight, self.max_in_flight - self._in_flight)
             if st.recovering:
                 if st.retry or st.sending:
@@ -874,6 +884,7 @@ class Forwarder:
     def shutdown(self, timeout: float = 5.0) -> None:
         """Give in-flight messages a moment to be acknowledged, then record what was."""
         deadline = time.monotonic() + timeout
+        self.exactly_once.stop(timeout)
         while self._in_flight > 0 and time.monotonic() < deadline:
             self._poll()
             self._handle_reports()

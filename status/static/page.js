@@ -455,6 +455,21 @@
       " records skipped), " + fmtInt(s.files_diverged) + " diverged");
   }
 
+  function renderTransactions(doc) {
+    var x = doc.transactions;
+    setText("txn-committed", fmtInt(x.committed) + (x.fenced ? " (FENCED: exactly-once topics stopped)" : ""));
+    var reasons = Object.keys(x.aborted_by_reason).map(function (r) {
+      return r + " " + x.aborted_by_reason[r];
+    });
+    setText("txn-aborted", fmtInt(x.aborted) + (reasons.length ? " (" + reasons.join(", ") + ")" : ""));
+    setText("txn-latency", fmtAge(x.latency.p50_seconds) + " / " + fmtAge(x.latency.p99_seconds));
+    // Per topic: how far behind now the newest committed message was accepted.
+    setText("txn-progress", x.progress.length ? x.progress.map(function (p) {
+      return p.topic + " " + (p.committed_up_to === null ? "–" :
+        fmtAge(Math.max(doc.time - p.committed_up_to, 0)) + " ago");
+    }).join(", ") : "no exactly-once topic");
+  }
+
   function sampleText(sample) {
     var parts = [];
     Object.keys(sample).forEach(function (k) {
@@ -511,6 +526,7 @@
     renderTopics(doc);
     renderClusters(doc);
     renderSpool(doc);
+    renderTransactions(doc);
     renderDiscards(doc);
   }
 

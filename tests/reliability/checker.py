@@ -70,6 +70,17 @@ def spool_files_left(spool_dir: Path) -> list[Path]:
 
 
 INPUTS = ("http", "spool", "socket")
+# With exactly_once=True, each input also feeds a topic with delivery = "exactly_once", read
+# back read_committed: its stream is "<input>-eo" (e.g. http-eo), and must show no duplicates.
+EO_SUFFIX = "-eo"
+
+
+def streams(exactly_once: bool) -> tuple[str, ...]:
+    return INPUTS + tuple(n + EO_SUFFIX for n in INPUTS) if exactly_once else INPUTS
+
+
+def is_exactly_once(stream: str) -> bool:
+    return stream.endswith(EO_SUFFIX)
 KILL_MODES = ("timer", "http_ack", "spool_mid_file", "startup")
 HTTP_THREADS = 2
 # A spool file bigger than this spans several intake batches (agent/ingest/spool_intake.BATCH).
@@ -153,11 +164,11 @@ class Report:
 class Ledger:
     """What each input sent and had acknowledged, across lives. Thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: tuple[str, ...] = INPUTS) -> None:
         self.lock = threading.Lock()
-        self.seq = {name: itertools.count() for name in INPUTS}
-        self.sent: dict[str, set[bytes]] = {name: set() for name in INPUTS}
-        self.acked: dict[str, set[bytes]] = {name: set() for name in INPUTS}
+        self.seq = {name: itertools.count() for name in names}
+        self.sent: dict[str, set[bytes]] = {name: set() for name in names}
+        self.acked: dict[str, set[bytes]] = {name: set() for name in names}
         self.errors: collections.Counter[str] = collections.Counter()
         self.round_timeouts = 0
 
@@ -194,7 +205,7 @@ class Load:
         self.http_in_flight = 0
         self.round_open = False
         self.big_file: str | None = None
-        self.acked = dict.fromkeys(INPUTS, 0)
+        self.acked = dict.fromkeys(topics, 0)
         self._lock = threading.Lock()
         self._threads = [threading.Thread(target=self._http, args=(i,), daemon=True)
                          for i in range(HTTP_THREADS)]
@@ -211,6 +222,11 @@ class Load:
             t.join(30)
             assert not t.is_alive(), f"load thread {t.name} did not stop"
 
+    def _stream(self, name: str, rng: random.Random) -> str:
+        """``name``, or half the time its exactly-once twin when the run has one."""
+        twin = name + EO_SUFFIX
+        return twin if twin in self.topics and rng.random() < 0.5 else name
+
     def _acked(self, name: str, values: list[bytes]) -> None:
         self.ledger.ack(name, values)
         with self._lock:
@@ -219,13 +235,14 @@ class Load:
     # -- http ------------------------------------------------------------------------------
     def _http(self, index: int) -> None:
         rng = random.Random(self.rng.random())
-        url = f"{self.agent.http_url}/topics/{self.topics['http']}"
         with httpx.Client(timeout=10.0) as client:
             for _ in range(1_000_000):  # bounded; a life lasts seconds
                 if self.stop.is_set():
                     return
+                stream = self._stream("http", rng)
+                url = f"{self.agent.http_url}/topics/{self.topics[stream]}"
                 batch = rng.random() < 0.2
-                values = self.ledger.values("http", rng.randint(2, 20) if batch else 1)
+                values = self.ledger.values(stream, rng.randint(2, 20) if batch else 1)
                 with self._lock:
                     self.http_in_flight += 1
                 try:
@@ -245,7 +262,7 @@ class Load:
                     with self._lock:
                         self.http_in_flight -= 1
                 if r.status_code in (201, 202):
-                    self._acked("http", values)
+                    self._acked(stream, values)
                     self.http_answered.set()
                 else:
                     with self.ledger.lock:
@@ -256,7 +273,6 @@ class Load:
     # -- spool -----------------------------------------------------------------------------
     def _spool(self) -> None:
         rng = random.Random(self.rng.random())
-        topic = self.topics["spool"]
         first = True
         for _ in range(100_000):
             if self.stop.is_set():
@@ -269,19 +285,20 @@ class Load:
             else:
                 n = rng.randint(50, 2_000)
             name = unique_file_name("crash-")
+            stream = "spool" if first and self.big_spool else self._stream("spool", rng)
+            topic = self.topics[stream]
             if first and self.big_spool:
                 self.big_file = name
             first = False
-            values = self.ledger.values("spool", n)
+            values = self.ledger.values(stream, n)
             write_spool_file(self.spool_dir, name, [SpoolRecord(topic, v) for v in values])
-            self._acked("spool", values)  # renamed into place: the agent will take it
+            self._acked(stream, values)  # renamed into place: the agent will take it
             self.stop.wait(rng.uniform(*self.spool_pause))  # pacing: HTTP and datagrams get a share
 
     # -- socket ----------------------------------------------------------------------------
     def _socket(self) -> None:
         rng = random.Random(self.rng.random())
-        topic = self.topics["socket"]
-        sent_this_life = 0
+        sent_this_life: dict[str, int] = {}
         try:
             client = FerryClient(self.agent.socket_path, timeout=2.0)
         except OSError:
@@ -290,19 +307,21 @@ class Load:
             for _ in range(100_000):
                 if self.stop.is_set():
                     return
-                values = self.ledger.values("socket", rng.randint(20, 300))
+                stream = self._stream("socket", rng)
+                topic = self.topics[stream]
+                values = self.ledger.values(stream, rng.randint(20, 300))
                 self.round_open = True
                 try:
                     for v in values:
                         client.send(topic, v)
-                        sent_this_life += 1
+                        sent_this_life[topic] = sent_this_life.get(topic, 0) + 1
                 except OSError as exc:
                     if not self.killing.is_set():
                         with self.ledger.lock:
                             self.ledger.errors[f"socket {type(exc).__name__} while alive"] += 1
                     return  # the agent is gone: this round is not acknowledged
-                if self._counted(http, topic, sent_this_life):
-                    self._acked("socket", values)
+                if self._counted(http, topic, sent_this_life[topic]):
+                    self._acked(stream, values)
                     self.round_open = False
                     if self.socket_pause:
                         self.stop.wait(self.socket_pause)
@@ -350,22 +369,27 @@ def run_crash_check(
     duration: float | None = None,
     seed: int | None = None,
     log: Callable[[str], None] = lambda line: None,
+    exactly_once: bool = False,
 ) -> Report:
     """SIGKILL the agent ``kills`` times (fewer if ``duration`` seconds run out) under load on
     all three inputs, then check Kafka. ``root`` holds the agent's state and logs."""
     seed = random.randrange(2**32) if seed is None else seed
     rng = random.Random(seed)
     tag = uuid.uuid4().hex[:8]
-    topics = {name: f"crash-{tag}-{name}" for name in INPUTS}
+    names = streams(exactly_once)
+    topics = {name: f"crash-{tag}-{name}" for name in names}
     # HTTP answers 201 when Kafka acknowledges within 10 ms, else 202: both are acks.
     # The buffer keeps write_config's 256 MiB: a run delivers far more than the tracking of
     # delivered messages may hold in the map's headroom, so its cap is exercised too.
-    config = write_config(root, broker.bootstrap, http=True, spool=True,
-                          topics={topics["http"]: {"ack_timeout_ms": 10}},
+    settings: dict[str, dict[str, object]] = {topics["http"]: {"ack_timeout_ms": 10}}
+    for name in names:
+        if is_exactly_once(name):
+            settings.setdefault(topics[name], {}).update(delivery="exactly_once", acks="all")
+    config = write_config(root, broker.bootstrap, http=True, spool=True, topics=settings,
                           forwarder={"retry_backoff_max_ms": 1000})
     spool_dir = root / "spool"
     spool_dir.mkdir(parents=True, exist_ok=True)
-    ledger = Ledger()
+    ledger = Ledger(names)
     lives: list[Life] = []
     started = time.monotonic()
     deadline = started + duration if duration is not None else float("inf")
@@ -383,8 +407,9 @@ def run_crash_check(
                    message="buffer drained")
         agent.terminate()
     drain = time.monotonic() - final_started
-    inputs = {name: tally(ledger, name, read_values(broker.bootstrap, topics[name]))
-              for name in INPUTS}
+    inputs = {name: tally(ledger, name, read_values(broker.bootstrap, topics[name],
+                                                    read_committed=is_exactly_once(name)))
+              for name in names}
     quarantined = list((spool_dir / "quarantine").glob("*"))
     assert not quarantined, f"spool files quarantined: {quarantined}"
     return Report(seed=seed, kills=len(lives), requested_kills=kills,
@@ -439,7 +464,7 @@ def _one_life(config: Path, topics: dict[str, str], spool_dir: Path, ledger: Led
     return Life(mode=mode, seconds=round(seconds, 3), http_in_flight=http_in_flight,
                 spool_files_waiting=len(spool_files_left(spool_dir)),
                 socket_round_open=round_open,
-                acked=load.acked if load else dict.fromkeys(INPUTS, 0))
+                acked=load.acked if load else dict.fromkeys(topics, 0))
 
 
 def tally(ledger: Ledger, name: str, counts: collections.Counter[bytes]) -> InputTally:

@@ -165,7 +165,8 @@ def metric_total(counters: dict[str, Any], name: str, **labels: str) -> float:
     return total
 
 
-def read_values(bootstrap: str, topic: str, timeout: float = 900.0) -> collections.Counter[bytes]:
+def read_values(bootstrap: str, topic: str, timeout: float = 900.0, *,
+                read_committed: bool = False) -> collections.Counter[bytes]:
     """How many times each value is in ``topic`` now: ``tests.kafka.read_topic`` without a
     ConsumedMessage per record, for the millions of records of a long run.
 
@@ -180,7 +181,8 @@ def read_values(bootstrap: str, topic: str, timeout: float = 900.0) -> collectio
     consumer = Consumer({
         "bootstrap.servers": bootstrap, "group.id": f"ferry-reliability-{uuid.uuid4().hex}",
         "enable.auto.commit": False, "auto.offset.reset": "earliest",
-        "enable.partition.eof": True, "fetch.wait.max.ms": 20, "log_level": 0})
+        "enable.partition.eof": True, "fetch.wait.max.ms": 20, "log_level": 0,
+        "isolation.level": "read_committed" if read_committed else "read_uncommitted"})
     deadline = time.monotonic() + timeout
     pending = set(partitions)
     try:

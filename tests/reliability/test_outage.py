@@ -10,6 +10,9 @@ Order is checked on the first copy of each message (a re-sent duplicate of an ea
 may follow later ones; that is at-least-once, not reordering). The outage ends right after a
 round of delivery failures: the moment when failed messages wait to be re-sent while later
 ones of the same partitions are still queued in the producer.
+
+Each topic has an exactly-once twin (``delivery = "exactly_once"``, issue 22), read back
+``read_committed``: there the blackhole's uncertain transactions must leave no duplicate.
 """
 
 from __future__ import annotations
@@ -121,7 +124,7 @@ def _tally(sender: _Sender, records: list[ConsumedMessage], blackhole_ms: int = 
     by_key: dict[int, list[ConsumedMessage]] = collections.defaultdict(list)
     for r in records:  # read_topic: partition then offset order
         assert r.value is not None
-        by_key[int(r.value.split(b"-")[1])].append(r)
+        by_key[int(r.value.rsplit(b"-", 2)[1])].append(r)  # names may hold "-"
     for key, recs in by_key.items():
         if len({r.partition for r in recs}) > 1:
             tally.keys_split_over_partitions += 1
@@ -158,22 +161,27 @@ def test_a_30_s_blackhole_under_load_loses_nothing_and_keeps_key_order(
     tmp_path: Path, proxied_broker: tuple[Broker, TcpProxy], artifacts_dir: Path
 ) -> None:
     broker, proxy = proxied_broker
-    topics = {"http": "outage-http", "socket": "outage-socket"}
+    topics = {"http": "outage-http", "socket": "outage-socket",
+              "http-eo": "outage-http-eo", "socket-eo": "outage-socket-eo"}
     for topic in topics.values():
         create_topic(broker.bootstrap, topic, 4)
     # HTTP's topic uses idempotent acks=all producers, the socket's acks=leader: both kinds.
+    # The -eo twins are exactly-once topics (issue 22), read back read_committed: there the
+    # blackhole's uncertain transactions must leave no duplicates either.
+    eo = {"delivery": "exactly_once", "acks": "all"}
     config = write_config(
         tmp_path / "agent", broker.bootstrap, spool=False,
         topics={topics["http"]: {"acks": "all", "ack_timeout_ms": 20},
-                topics["socket"]: {"acks": "leader"}},
+                topics["socket"]: {"acks": "leader"},
+                topics["http-eo"]: {**eo, "ack_timeout_ms": 20}, topics["socket-eo"]: eo},
         forwarder={"message_timeout_ms": 5000, "retry_backoff_max_ms": 2000})
     senders = {name: _Sender(name) for name in topics}
     timeline: dict[str, float] = {}
     with Agent(config) as agent:
         threads = [
-            threading.Thread(target=_http_load, args=(agent, topics["http"], senders["http"])),
-            threading.Thread(target=_socket_load,
-                             args=(agent, topics["socket"], senders["socket"])),
+            threading.Thread(target=_socket_load if name.startswith("socket") else _http_load,
+                             args=(agent, topic, senders[name]))
+            for name, topic in topics.items()
         ]
         for t in threads:
             t.start()
@@ -210,12 +218,15 @@ def test_a_30_s_blackhole_under_load_loses_nothing_and_keeps_key_order(
                    message="buffer drained after the outage")
         timeline["drained_at"] = time.monotonic() - t0
         counters = agent.counters()
-    tallies = {name: _tally(senders[name], read_topic(broker.bootstrap, topic, 60),
+    tallies = {name: _tally(senders[name], read_topic(broker.bootstrap, topic, 60,
+                                                      read_committed=name.endswith("-eo")),
                             blackhole_ms) for name, topic in topics.items()}
     report = {
         "outage_seconds": OUTAGE_SECONDS, "timeline": timeline,
         "acked_during_outage": acked_during,
         "delivery_failures": metric_total(counters, "delivery_failures"),
+        "transactions_committed": metric_total(counters, "transactions_committed"),
+        "transactions_aborted": metric_total(counters, "transactions_aborted"),
         "client_errors": {n: dict(s.errors) for n, s in senders.items()},
         "inputs": {n: asdict(t) for n, t in tallies.items()},
     }
@@ -226,6 +237,8 @@ def test_a_30_s_blackhole_under_load_loses_nothing_and_keeps_key_order(
         assert acked_during[name] > 0, f"{name}: nothing acknowledged during the outage"
         assert tally.lost == 0, f"{name}: {tally.lost} acknowledged lost: {tally.lost_examples}"
         assert tally.keys_split_over_partitions == 0, f"{name}: a key spans partitions"
+        if name.endswith("-eo"):
+            assert tally.duplicates == 0, f"{name}: {tally.duplicates} duplicates"
     broken = {n: t.order_examples[:3] for n, t in tallies.items() if t.out_of_order}
     assert not broken, f"key order broken across the outage: {broken}"
 

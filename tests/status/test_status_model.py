@@ -162,6 +162,13 @@ def test_buffer_full_is_critical() -> None:
     assert verdict(everything(reg)) == ("critical", ["buffer_full"])
 
 
+def test_a_fenced_transactional_producer_is_critical() -> None:
+    reg = healthy_registry()
+    reg.set("transactions_fenced", 1.0)
+    assert verdict(everything(reg)) == ("critical", ["fenced"])
+    assert everything(reg)["transactions"]["fenced"] is True
+
+
 @pytest.mark.parametrize(("used", "expected"), [
     (790.0, "ok"), (800.0, "warning"), (949.0, "warning"), (950.0, "critical")])
 def test_buffer_use_thresholds(used: float, expected: str) -> None:

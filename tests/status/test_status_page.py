@@ -131,6 +131,11 @@ def test_charts_render_and_change_as_messages_flow(
             # A retried Spark task's file came again: only its new records were ingested.
             act.registry.inc("spool_files_extended")
             act.registry.inc("spool_records_skipped", 1200, reason="extension")
+            # An exactly-once topic: transactions committed, one given up, its progress.
+            act.registry.inc("transactions_committed", 7)
+            act.registry.inc("transactions_aborted", reason="failed")
+            act.registry.observe("transaction_seconds", 0.12)
+            act.registry.set("transaction_progress_timestamp_seconds", 1.0, topic="orders")
         seen = next_poll(chromium, seen)
 
     def charts_moved() -> bool:
@@ -167,6 +172,9 @@ def test_charts_render_and_change_as_messages_flow(
     assert texts(chromium, "#rate-socket") != ["–"]
     assert texts(chromium, "#spool-repeated") == [
         "0 duplicate, 1 extended (1,200 records skipped), 0 diverged"]
+    assert texts(chromium, "#txn-committed") == ["7"]
+    assert texts(chromium, "#txn-aborted") == ["1 (failed 1)"]
+    assert texts(chromium, "#txn-progress")[0].startswith("orders ")
     assert page_errors(chromium) == []
 
     shot = artifacts_dir / "status-page.png"

@@ -1,0 +1,120 @@
+"""Exactly-once topics in the running agent (issue 22): configuration rules, the management
+API, delivery to a read_committed reader, ``GET /messages/{id}``, status and metrics."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agent.config import ConfigError, TopicConfig, load_config
+from agent.forwarder.progress import Progress, agent_identity, tag
+from status.schema import validator
+from tests.agent_harness import AgentProcess, write_config
+from tests.kafka import Broker, read_topic
+from tests.waiting import wait_until
+
+
+def test_exactly_once_needs_acks_all() -> None:
+    assert TopicConfig(delivery="exactly_once", acks="all").delivery == "exactly_once"
+    assert TopicConfig().delivery == "at_least_once"
+    assert TopicConfig().acks == "leader"  # unchanged default
+
+
+@pytest.mark.parametrize(("settings", "why"), [
+    ({"delivery": "exactly_once", "acks": "leader"}, 'needs acks = "all"'),
+    ({"delivery": "exactly_once"}, 'needs acks = "all"'),
+    ({"delivery": "exactly_once", "acks": "all", "fallback_to_remote": True},
+     "cannot be combined with fallback_to_remote"),
+    ({"delivery": "twice"}, "delivery"),
+])
+def test_config_refuses_what_contradicts_exactly_once(tmp_path: Path, settings: dict[str, Any],
+                                                      why: str) -> None:
+    for section in ("orders", "default"):
+        path = write_config(tmp_path, "127.0.0.1:9", topics={section: settings})
+        with pytest.raises(ConfigError) as info:
+            load_config(path)
+        assert why in str(info.value)
+
+
+def test_agent_identity_defaults(tmp_path: Path) -> None:
+    mid = tmp_path / "machine-id"
+    mid.write_text("0123456789abcdef0123456789abcdef\n")
+    assert agent_identity("", mid) == "0123456789abcdef0123456789abcdef"
+    assert agent_identity("web-7", mid) == "web-7"
+    mid.write_text("")  # an image prepared for cloning: systemd fills it at first boot
+    assert agent_identity("", mid)  # the host name then
+    assert agent_identity("", tmp_path / "missing")
+
+
+def test_progress_records_round_trip() -> None:
+    p = Progress(bytes(12), {0: 5}).advanced(b"\x01" * 12, {0: 9, 3: 0})
+    assert Progress.decode(p.encode()) == Progress(b"\x01" * 12, {0: 10, 3: 1})
+    assert tag("a", b"\x00" * 12) == b"a:" + b"0" * 24
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def test_http_messages_reach_kafka_once_and_say_committed_in_transaction(
+    tmp_path: Path, broker: Broker, unique_topic: str
+) -> None:
+    config = write_config(tmp_path / "agent", broker.bootstrap,
+                          topics={unique_topic: {"delivery": "exactly_once", "acks": "all"}},
+                          forwarder={"agent_id": "eo-e2e", "transaction_interval_ms": 20})
+    values = [b"eo-%03d" % i for i in range(200)]
+    ids: list[str] = []
+    with AgentProcess(config) as agent, httpx.Client(base_url=agent.http_url) as http:
+        for i in range(0, len(values), 20):
+            r = http.post(f"/topics/{unique_topic}/batch",
+                          content=b"\n".join(values[i:i + 20]),
+                          headers={"content-type": "application/x-ndjson"})
+            assert r.status_code in (201, 202), r.text
+            ids += r.json()["ids"]
+        wait_until(lambda: agent.buffered().get(unique_topic, 0) == 0, timeout=30,
+                   message="exactly-once topic drained")
+        doc = _get(f"{agent.http_url}/messages/{ids[0]}")
+        assert not list(validator("message").iter_errors(doc)), doc
+        assert doc["state"] == "delivered" and doc["note"] == "committed in transaction"
+        # The forwarder process's numbers reach the status page a few times a second.
+        wait_until(lambda: _get(f"{agent.http_url}/status/transactions")["committed"] > 0,
+                   timeout=10, message="committed transactions on the status page")
+        txn = _get(f"{agent.http_url}/status/transactions")
+        assert not list(validator("transactions").iter_errors(txn)), txn
+        assert txn["fenced"] is False and txn["aborted"] == 0
+        assert [p["topic"] for p in txn["progress"]] == [unique_topic]
+        assert txn["latency"]["count"] > 0
+        metrics = http.get("/metrics").text
+        assert "transactions_committed" in metrics
+    records = read_topic(broker.bootstrap, unique_topic, 30, read_committed=True)
+    assert Counter(r.value for r in records) == Counter(values)
+    assert {r.header("ferry-id").split(b":")[0] for r in records} == {b"eo-e2e"}
+
+
+def test_management_api_defines_exactly_once_topics(tmp_path: Path, broker: Broker) -> None:
+    config = write_config(tmp_path / "agent", broker.bootstrap)
+    with AgentProcess(config) as agent, httpx.Client(base_url=agent.http_url) as http:
+        r = http.post("/topics", json={"name": "eo-api", "delivery": "exactly_once",
+                                       "acks": "all"})
+        assert r.status_code == 201, r.text
+        assert r.json()["delivery"] == "exactly_once"
+        r = http.post("/topics", json={"name": "eo-bad", "delivery": "exactly_once",
+                                       "acks": "leader"})
+        assert r.status_code == 400
+        assert 'needs acks = "all"' in r.json()["message"]
+        r = http.put("/topics/eo-api", json={"acks": "leader"})
+        assert r.status_code == 400, r.text
+        r = http.post("/topics/eo-api", content=b"via the api")
+        assert r.status_code in (201, 202)
+        wait_until(lambda: agent.buffered().get("eo-api", 0) == 0, timeout=30,
+                   message="API-defined exactly-once topic drained")
+    records = read_topic(broker.bootstrap, "eo-api", 30, read_committed=True)
+    assert [r.value for r in records] == [b"via the api"]
+    assert records[0].header("ferry-id")  # sent by the transactional path
