@@ -271,19 +271,26 @@ def _buffer(args: argparse.Namespace) -> int:
             return 0
         if args.buffer_command == "purge":
             if not args.yes:
-                if not sys.stdin.isatty():
-                    print("ferry buffer purge: refusing without --yes (no terminal to ask)",
-                          file=sys.stderr)
-                    return 1
-                answer = input(f"Delete every buffered message of {args.topic!r}? "
-                               "They will not be delivered. Type the topic name to confirm: ")
-                if answer.strip() != args.topic:
-                    print("not purged")
+                confirmed = _confirm("buffer purge", f"Delete every buffered message of "
+                                     f"{args.topic!r}? They will not be delivered. Type the "
+                                     "topic name to confirm: ", args.topic)
+                if not confirmed:
+                    if confirmed is not None:
+                        print("not purged")
                     return 1
             n = store.purge(args.topic)
             print(f"purged {n} messages of {args.topic}")
             return 0
     return 2
+
+
+def _confirm(command: str, question: str, answer: str) -> bool | None:
+    """Ask the user to type ``answer`` to go ahead. None (and why, on stderr) when there is
+    no terminal to ask: a script must say --yes."""
+    if not sys.stdin.isatty():
+        print(f"ferry {command}: refusing without --yes (no terminal to ask)", file=sys.stderr)
+        return None
+    return input(question).strip() == answer
 
 
 def _compact(path: Path) -> int:
@@ -333,14 +340,12 @@ def _topics(args: argparse.Namespace) -> int:
         body = json.dumps(settings).encode()
     elif command == "delete":
         if not args.yes:
-            if not sys.stdin.isatty():
-                print("ferry topics delete: refusing without --yes (no terminal to ask)",
-                      file=sys.stderr)
-                return 1
-            answer = input(f"Delete topic {args.name!r}? Its buffered messages are "
-                           "discarded. Type the topic name to confirm: ")
-            if answer.strip() != args.name:
-                print("not deleted")
+            confirmed = _confirm("topics delete", f"Delete topic {args.name!r}? Its buffered "
+                                 "messages are discarded. Type the topic name to confirm: ",
+                                 args.name)
+            if not confirmed:
+                if confirmed is not None:
+                    print("not deleted")
                 return 1
         method, path = "DELETE", f"/topics/{quote(args.name, safe='')}"
     if method != "GET" and token is None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from agent.config import HttpConfig
+from agent.ingest.http.errors import Refusal
 
 # Where the package puts the token (packaging/scripts/postinstall.sh) and the CLI looks.
 DEFAULT_TOKEN_FILE = Path("/etc/ferry/management.token")
@@ -32,14 +33,8 @@ CREDENTIAL = "management-token"
 MUTATING = frozenset({"POST", "PUT", "DELETE", "PATCH"})
 
 
-class Refused(Exception):
-    def __init__(self, status: int, error: str, message: str,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.error = error
-        self.message = message
-        self.headers = headers or {}
+class Refused(Refusal):
+    """The caller may not change topics (no token, a wrong one, or a cross-site request)."""
 
 
 def read_token_file(path: Path) -> str | None:

@@ -17,6 +17,19 @@ def error_body(error: str, message: str) -> bytes:
                       ensure_ascii=False).encode()
 
 
+class Refusal(Exception):
+    """A management call refused: its status, machine-readable error, message and any extra
+    headers (auth.Refused, management.ApiError)."""
+
+    def __init__(self, status: int, error: str, message: str,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error = error
+        self.message = message
+        self.headers = headers or {}
+
+
 class HttpError(Exception):
     """A refusal. ``reason`` is the messages_rejected label (None: counted elsewhere or not a
     message); ``close`` ends the connection after the answer (the body may still be coming);

@@ -31,7 +31,7 @@ from starlette.routing import BaseRoute, Route
 from agent.config import TopicConfig
 from agent.ingest.http import auth
 from agent.ingest.http.codecs import BodyError, check_topic, is_json, media_type, parse_json
-from agent.ingest.http.errors import error_body
+from agent.ingest.http.errors import Refusal, error_body
 from agent.runtime import Runtime
 from agent.topics import (
     InvalidTopicName,
@@ -49,15 +49,7 @@ SETTINGS_FIELDS = tuple(
 )
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, error: str, message: str,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.error = error
-        self.message = message
-        self.headers = headers or {}
-
+class ApiError(Refusal):
     def response(self) -> Response:
         return json_error(self.status, self.error, self.message, self.headers)
 
