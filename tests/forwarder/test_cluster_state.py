@@ -61,6 +61,13 @@ def test_an_unreachable_cluster_without_traffic_is_critical_with_its_cause(
         assert (row["state"], row["up"]) == ("down", False)
         assert "Connection refused" in row["reason"]
         assert agent.buffered() == {}  # nothing was sent: the probes alone found it
+        # The probe endpoints read the same state: still ready (buffering through an outage
+        # is Ferry's job), with the cluster's verdict and cause in the body.
+        for path, ok in (("/status/ready", "ready"), ("/status/health", "status")):
+            body = agent.get_json(path)
+            assert body[ok] in (True, "ok"), body
+            assert body["clusters"]["local"]["state"] == "down", body
+            assert "Connection refused" in body["clusters"]["local"]["reason"], body
         print(f"CRITICAL {took:.2f} s after ready (bound {OUTAGE_AFTER + PROBE + SLACK:g} s)")
 
 

@@ -488,8 +488,11 @@ def test_unmatched_paths_and_methods_are_json_errors(served: Served) -> None:
 
 def test_status_probes(served: Served) -> None:
     assert served.client.get("/status/ping").text == "pong"
-    assert served.client.get("/status/health").json() == {"status": "ok", "phase": "running"}
-    assert served.client.get("/status/ready").json() == {"ready": True, "reason": "ready"}
+    # No forwarder in this harness: no cluster has a state yet.
+    assert served.client.get("/status/health").json() == {"status": "ok", "phase": "running",
+                                                          "clusters": {}}
+    assert served.client.get("/status/ready").json() == {"ready": True, "reason": "ready",
+                                                         "clusters": {}}
 
 
 def test_every_message_received_is_accepted_or_rejected(serve: Callable[..., Served]) -> None:

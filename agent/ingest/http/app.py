@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -93,17 +94,29 @@ class FerryApp:
         return PlainTextResponse("pong")
 
     async def _health(self, request: Request) -> Response:
-        return json_response({"status": "ok", "phase": self.runtime.phase.value})
+        return json_response({"status": "ok", "phase": self.runtime.phase.value,
+                              "clusters": self._clusters()})
 
     async def _ready(self, request: Request) -> Response:
         ready, reason = self.runtime.ready()
         if ready:
-            return json_response({"ready": True, "reason": reason})
+            return json_response({"ready": True, "reason": reason, "clusters": self._clusters()})
         retry = 1.0 if self.runtime.phase is Phase.STARTING else 5.0
         return json_response(
             {"ready": False, "reason": reason, "error": "not_ready", "code": "not_ready",
-             "message": _NOT_READY.get(reason, reason)},
+             "message": _NOT_READY.get(reason, reason), "clusters": self._clusters()},
             503, {"Retry-After": retry_after_header(retry).decode()})
+
+    def _clusters(self) -> dict[str, dict[str, Any]]:
+        """Each cluster's state (unknown, up, down) and why: the forwarder's one verdict
+        (agent/forwarder/health.py), as the page and `ferry status` read it. Only shown
+        here: a Kafka outage does not make Ferry unready or unhealthy, as buffering through
+        it is Ferry's job (docs/status.md)."""
+        states = self.runtime.registry.view().info.get("cluster_state")
+        if not isinstance(states, dict):
+            return {}
+        return {name: {"state": st.get("state", "unknown"), "reason": st.get("reason") or None}
+                for name, st in sorted(states.items()) if isinstance(st, dict)}
 
     async def _openapi(self, request: Request) -> Response:
         return json_response(openapi_document())
