@@ -98,9 +98,16 @@ def test_http_messages_reach_kafka_once_and_say_committed_in_transaction(
     assert {r.header("ferry-id").split(b":")[0] for r in records} == {b"eo-e2e"}
 
 
-def test_management_api_defines_exactly_once_topics(tmp_path: Path, broker: Broker) -> None:
+def test_management_api_defines_exactly_once_topics(
+    tmp_path: Path, broker: Broker, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Topic management is closed without a token (agent/ingest/http/auth.py): the agent
+    # takes it from its environment, the client sends it.
+    monkeypatch.setenv("FERRY_HTTP__MANAGEMENT_TOKEN", "eo-token")
     config = write_config(tmp_path / "agent", broker.bootstrap)
-    with AgentProcess(config) as agent, httpx.Client(base_url=agent.http_url) as http:
+    with (AgentProcess(config) as agent,
+          httpx.Client(base_url=agent.http_url,
+                       headers={"Authorization": "Bearer eo-token"}) as http):
         r = http.post("/topics", json={"name": "eo-api", "delivery": "exactly_once",
                                        "acks": "all"})
         assert r.status_code == 201, r.text
