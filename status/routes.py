@@ -77,7 +77,9 @@ def json_response(doc: Any, status: int = 200, *, pretty: bool = False) -> Respo
 
 
 def _error(status: int, error: str, message: str, **extra: Any) -> Response:
-    return json_response({"error": error, "message": message, **extra}, status)
+    # The listener's one error shape (agent/ingest/http/errors.py): ``code`` is what Hermes
+    # clients read, ``error`` the same word under Ferry's older name.
+    return json_response({"error": error, "code": error, "message": message, **extra}, status)
 
 
 def _pretty(request: Request) -> bool:
