@@ -32,7 +32,7 @@ from agent.records import REPLAYED, Source
 from agent.runtime import Phase, Runtime
 from agent.supervision import Exit, GaveUp, RestartPolicy, supervise
 
-# Reading /proc/<pid>/smaps costs a few milliseconds a process; memory moves slowly.
+# Reading /proc/<pid>/smaps is kernel work (tens of µs of Python); memory moves slowly.
 MEMORY_SAMPLE_SECONDS = 5.0
 
 log = logging.getLogger(__name__)

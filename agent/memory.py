@@ -6,8 +6,9 @@ RSS reads as gigabytes while the process's own memory (Python objects, librdkafk
 is tens of MiB. Those pages are file cache, clean and reclaimable: a memory limit counts them
 but the kernel drops them instead of killing the process (docs/buffer.md, "Memory").
 
-Linux only: ``/proc/<pid>/smaps`` gives, per mapping, how much of it is resident. Anywhere
-else (or for a process that is gone) ``read`` returns None.
+Linux only: ``/proc/<pid>/smaps_rollup`` gives the totals and ``/proc/<pid>/smaps`` how much
+of the buffer's mapping is resident. Anywhere else (or for a process that is gone) ``read``
+returns None.
 """
 
 from __future__ import annotations
@@ -30,33 +31,37 @@ class ProcessMemory:
 def read(pid: int, buffer_file: Path) -> ProcessMemory | None:
     """The memory of process ``pid``; ``buffer_file`` is the buffer's ``data.mdb``."""
     try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            rollup = f.read()
         with open(f"/proc/{pid}/smaps", "rb") as f:
-            text = f.read()
+            smaps = f.read()
     except OSError:
         return None
-    return parse_smaps(text, os.fsencode(os.path.realpath(buffer_file)))
+    return parse(rollup, smaps, os.fsencode(os.path.realpath(buffer_file)))
 
 
-def parse_smaps(text: bytes, buffer_file: bytes) -> ProcessMemory:
-    """Sum ``/proc/<pid>/smaps``: all ``Rss``, all ``Anonymous``, and the ``Rss`` of the
-    mappings of ``buffer_file``."""
-    rss = anonymous = mapped = 0
-    in_buffer = False
-    for line in text.splitlines():
-        if not line:
-            continue
-        first = line.split(None, 1)[0]
-        if not first.endswith(b":"):
-            # A mapping's header: "start-end perms offset dev inode [path]". The path may
-            # contain spaces, so take everything after the fifth field.
-            fields = line.split(None, 5)
-            in_buffer = len(fields) == 6 and fields[5].rstrip() == buffer_file
-            continue
-        if first == b"Rss:":
-            kib = int(line.split()[1])
-            rss += kib
-            if in_buffer:
-                mapped += kib
-        elif first == b"Anonymous:":
-            anonymous += int(line.split()[1])
-    return ProcessMemory(rss * 1024, anonymous * 1024, mapped * 1024)
+def parse(rollup: bytes, smaps: bytes, buffer_file: bytes) -> ProcessMemory:
+    """Totals from ``smaps_rollup``; the buffer's resident pages from the ``Rss`` of each
+    mapping of exactly ``buffer_file`` in ``smaps``. The monitor thread runs this in the
+    ingest process every few seconds: a search for the path, not a parse of every line,
+    keeps it from holding the GIL for milliseconds."""
+    mapped = 0
+    header_end = b" " + buffer_file + b"\n"
+    at = smaps.find(header_end)
+    while at >= 0:
+        rss_at = smaps.find(b"\nRss:", at)
+        if rss_at >= 0:
+            mapped += _kib(smaps, rss_at + 1)
+        at = smaps.find(header_end, at + len(header_end))
+    return ProcessMemory(_field(rollup, b"Rss:"), _field(rollup, b"Anonymous:"), mapped)
+
+
+def _field(text: bytes, name: bytes) -> int:
+    at = text.find(b"\n" + name)
+    return _kib(text, at + 1) if at >= 0 else 0
+
+
+def _kib(text: bytes, at: int) -> int:
+    """Bytes of the "Name:   123 kB" line starting at ``at``."""
+    end = text.find(b"\n", at)
+    return int(text[at:end if end >= 0 else None].split()[1]) * 1024

@@ -30,13 +30,22 @@ VmFlags: rd wr mr mw me ac sd
 """
 
 
-def test_smaps_sums_own_memory_and_the_buffer_mapping_apart() -> None:
-    mem = memory.parse_smaps(SMAPS, b"/var/lib/ferry/my buffer/data.mdb")
-    assert mem.anonymous_bytes == (4096 + 4) * 1024
+ROLLUP = b"""\
+55d0c0a00000-7fffa8710000 ---p 00000000 00:00 0                          [rollup]
+Rss:               70788 kB
+Pss:               70000 kB
+Anonymous:          4100 kB
+"""
+
+
+def test_totals_from_the_rollup_and_the_buffer_mapping_apart() -> None:
+    mem = memory.parse(ROLLUP, SMAPS, b"/var/lib/ferry/my buffer/data.mdb")
+    assert mem.rss_bytes == 70788 * 1024
+    assert mem.anonymous_bytes == 4100 * 1024
     # Only the mapping of the buffer file itself, though its path has a space and another
     # file's name starts with it.
     assert mem.buffer_mapped_bytes == 65536 * 1024
-    assert mem.rss_bytes == (128 + 4096 + 65536 + 1024 + 4) * 1024
+    assert memory.parse(ROLLUP, SMAPS, b"/elsewhere/data.mdb").buffer_mapped_bytes == 0
 
 
 def test_a_process_that_is_gone_has_no_figures(tmp_path: Path) -> None:

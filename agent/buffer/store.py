@@ -881,7 +881,10 @@ class Store:
             while len(items) < limit:
                 run = cast(bytes, runs.value())
                 last, first = run[:_ID_LEN], run[_ID_LEN:]
-                if records.set_range(max(first, start)):
+                # A run emptied by messages that left out of order (not yet dropped, as it
+                # is not at the head) starts past its end: nothing to take from it.
+                if (records.set_range(max(first, start))
+                        and cast(bytes, records.key()) <= last):
                     # The environment is opened without buffers=True, so keys and values
                     # are bytes. Take what the run can hold in C, then cut where it ends
                     # ((k, v) tuples compare by key): no Python per message.
