@@ -7,6 +7,11 @@ Fills a buffer with ``--messages`` 200-byte messages (half AnyPartition, half Pa
 over ``--topics`` topics, then runs the forwarder's loop until every message is acknowledged
 and removed. Prints the drain rate, the forwarder's CPU time per message (this process, which
 includes librdkafka's threads), and with ``--profile`` the top functions by own time.
+
+Then, in the same run and to the same broker, the baseline the issue measures the drain
+against: a plain Python confluent-kafka producer (the forwarder's producer settings, one
+delivery callback for all) pushing the same messages to the same partitions from memory
+until every one is acknowledged; and the ratio of the two rates (``--no-baseline`` skips it).
 """
 
 from __future__ import annotations
@@ -21,10 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from confluent_kafka import KafkaError, Message, Producer
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.buffer.store import Store  # noqa: E402
-from agent.config import load_config  # noqa: E402
+from agent.config import FerryConfig, load_config  # noqa: E402
+from agent.forwarder.clusters import producer_config  # noqa: E402
 from agent.forwarder.forwarder import Forwarder  # noqa: E402
 from agent.forwarder.process import GC_GEN0_THRESHOLD  # noqa: E402
 from agent.gc_tuning import freeze_startup_heap  # noqa: E402
@@ -39,6 +47,51 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def plain_producer(bootstrap: str, cfg: FerryConfig, topics: list[str], messages: int,
+                   value: bytes, timeout: float) -> tuple[int, float, float]:
+    """A plain producer's run: (acknowledged, seconds, CPU seconds of this process)."""
+    conf = producer_config("baseline", "all", cfg.kafka.local, cfg.forwarder)
+    producer = Producer(conf)
+    partitions = {t: sorted(producer.list_topics(t, timeout=10).topics[t].partitions)
+                  for t in topics}
+    acked = [0, 0]  # acknowledged, failed
+
+    def done(err: KafkaError | None, _msg: Message) -> None:
+        acked[1 if err is not None else 0] += 1
+
+    produce = producer.produce
+    rr = 0
+    cpu0, t0 = _cpu(), time.perf_counter()
+    deadline = t0 + timeout
+    for i in range(messages):
+        topic = topics[i % len(topics)]
+        parts = partitions[topic]
+        # The forwarder's placement: PartitionKey i mod n, AnyPartition round-robin.
+        if i % 2:
+            partition = parts[i % len(parts)]
+        else:
+            rr += 1
+            partition = parts[rr % len(parts)]
+        while True:
+            try:
+                produce(topic, value, None, partition=partition,
+                        timestamp=int(time.time() * 1000), on_delivery=done)
+                break
+            except BufferError:
+                producer.poll(0.01)
+                if time.perf_counter() > deadline:
+                    raise TimeoutError("the plain producer's queue never drained") from None
+        if not i % 1000:
+            producer.poll(0)
+    while sum(acked) < messages and time.perf_counter() < deadline:
+        producer.poll(0.01)
+    took, cpu = time.perf_counter() - t0, _cpu() - cpu0
+    producer.flush(5)
+    if acked[1]:
+        raise RuntimeError(f"the plain producer's sends failed: {acked[1]}")
+    return acked[0], took, cpu
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=300_000)
@@ -46,6 +99,8 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=200)
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--no-baseline", action="store_true",
+                    help="skip the plain-producer baseline")
     ap.add_argument("--no-tune-gc", action="store_true",
                     help="keep CPython's GC defaults (the forwarder process tunes them)")
     args = ap.parse_args()
@@ -99,6 +154,14 @@ def main() -> None:
               f"{main_cpu / max(delivered, 1) * 1e6:.1f} us (the rest: librdkafka's threads)")
         if profiler:
             pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(20)
+        if not args.no_baseline:
+            acked, ptook, pcpu = plain_producer(broker.bootstrap, cfg, topics, args.messages,
+                                                value, args.timeout)
+            print(f"plain producer, same messages and broker: {acked} in {ptook:.2f} s = "
+                  f"{acked / ptook:,.0f} msg/s, {pcpu / max(acked, 1) * 1e6:.1f} us CPU per "
+                  "message")
+            print(f"drain / plain producer: {(delivered / took) / (acked / ptook):.2f}")
 
 
 if __name__ == "__main__":

@@ -189,7 +189,9 @@ class Outcome:
 @dataclass(slots=True)
 class DeliveredRun:
     """Messages of one topic that one cluster acknowledged: the forwarder's common outcome,
-    kept as parallel lists (no object per message). ``sizes`` are the stored bytes."""
+    kept as parallel lists (no object per message). ``sizes`` are the stored bytes.
+    ``keys`` are handles (``topic NUL id``) or bare ids: only the id, their last bytes, is
+    used (the forwarder's common path keeps bare ids and saves a join per message)."""
 
     topic: str
     cluster: str
@@ -869,7 +871,42 @@ class Store:
     ) -> list[StoredMessage | Corrupt]:
         """Up to ``limit`` messages of ``topic`` in FIFO order, after message id ``after``."""
         prefix = keys.topic_prefix(topic)
-        tb = prefix[:-1]
+        items = self.read_values(topic, after, limit)
+        # codec.decode's common case (no headers) inlined: this runs once per message on the
+        # exactly-once path. Anything else, a corrupt value included, goes through decode.
+        unpack = codec.HEADER.unpack_from
+        hsize = codec.HEADER.size
+        version_now = codec.VERSION
+        out: list[StoredMessage | Corrupt] = []
+        append = out.append
+        for mid, v in items:
+            k = prefix + mid
+            try:
+                version, flags, gen, ts, pk, klen, nheaders = unpack(v)
+            except struct.error:  # shorter than a header: decode says why
+                version = klen = nheaders = -1
+            pos = hsize + klen
+            if version == version_now and not nheaders and pos <= len(v):
+                record = Record(topic, v[pos:], v[hsize:pos] if flags & codec.HAS_KEY else None,
+                                pk if flags & codec.HAS_PARTITION_KEY else None, ts, (),
+                                bool(flags & codec.HASH_KEY))
+            else:
+                try:
+                    record, gen = codec.decode(topic, v)
+                except codec.CorruptRecord as exc:
+                    append(Corrupt(k, mid, topic, v, str(exc)))
+                    continue
+            append(StoredMessage(k, mid, record, gen, len(k) + len(v)))
+        return out
+
+    def read_values(
+        self, topic: str, after: bytes | None, limit: int
+    ) -> list[tuple[bytes, bytes]]:
+        """``read`` without decoding: up to ``limit`` ``(id, encoded value)`` pairs of
+        ``topic`` in FIFO order, after message id ``after``. The forwarder's common path
+        decodes the header itself and hands slices straight to the producer, so it makes no
+        Record or StoredMessage per message (``message`` decodes one when it needs it)."""
+        tb = topic.encode("ascii")
         items: list[tuple[bytes, bytes]] = []
         with (self._txn(write=False) as txn, txn.cursor(self._runs) as runs,
               txn.cursor(self._records) as records):
@@ -896,32 +933,7 @@ class Store:
                     items += got
                 if not runs.next_dup():
                     break
-        # codec.decode's common case (no headers) inlined: this runs once per message on the
-        # forwarder's hot path. Anything else, a corrupt value included, goes through decode.
-        unpack = codec.HEADER.unpack_from
-        hsize = codec.HEADER.size
-        version_now = codec.VERSION
-        out: list[StoredMessage | Corrupt] = []
-        append = out.append
-        for mid, v in items:
-            k = prefix + mid
-            try:
-                version, flags, gen, ts, pk, klen, nheaders = unpack(v)
-            except struct.error:  # shorter than a header: decode says why
-                version = klen = nheaders = -1
-            pos = hsize + klen
-            if version == version_now and not nheaders and pos <= len(v):
-                record = Record(topic, v[pos:], v[hsize:pos] if flags & codec.HAS_KEY else None,
-                                pk if flags & codec.HAS_PARTITION_KEY else None, ts, (),
-                                bool(flags & codec.HASH_KEY))
-            else:
-                try:
-                    record, gen = codec.decode(topic, v)
-                except codec.CorruptRecord as exc:
-                    append(Corrupt(k, mid, topic, v, str(exc)))
-                    continue
-            append(StoredMessage(k, mid, record, gen, len(k) + len(v)))
-        return out
+        return items
 
     def remove(self, outcomes: Sequence[Outcome]) -> list[bool]:
         """Durably delete messages that left the buffer; True per message actually removed.
@@ -1118,6 +1130,16 @@ class Store:
         except lmdb.Error as exc:
             log.warning("could not check the buffer's reader slots: %s", exc)
             return 0
+
+
+def message(topic: str, message_id: bytes, value: bytes) -> StoredMessage | Corrupt:
+    """One ``(id, value)`` pair of ``Store.read_values`` as ``read`` returns it."""
+    k = keys.topic_prefix(topic) + message_id
+    try:
+        record, gen = codec.decode(topic, value)
+    except codec.CorruptRecord as exc:
+        return Corrupt(k, message_id, topic, value, str(exc))
+    return StoredMessage(k, message_id, record, gen, len(k) + len(value))
 
 
 def _follows(prev: bytes, nxt: bytes) -> bool:

@@ -13,19 +13,22 @@ from __future__ import annotations
 
 import bisect
 import logging
+import struct
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeGuard
+from itertools import repeat
+from operator import is_not
+from typing import Any, TypeGuard, cast
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from agent.ack_signal import AckSender
 from agent.ack_signal import socket_path as ack_socket_path
-from agent.buffer import keys
-from agent.buffer.store import Corrupt, DeliveredRun, Outcome, Store, StoredMessage
+from agent.buffer import codec, keys
+from agent.buffer.store import Corrupt, DeliveredRun, Outcome, Store, StoredMessage, message
 from agent.config import FerryConfig, TopicConfig
 from agent.forwarder import failures
 from agent.forwarder.clusters import Cluster
@@ -88,6 +91,17 @@ class Flight:
 
 
 _Report = tuple[Flight, str, KafkaError | None, Message]
+# A report of the common path (_send_values): message id, its stored value, when it was sent,
+# then the producer's (err, msg). No Flight exists for such a send until it fails.
+_ValueReport = tuple[bytes, bytes, float, KafkaError | None, Message]
+
+
+def _value_report(sink: list[_ValueReport], mid: bytes, value: bytes, sent: float,
+                  err: KafkaError | None, msg: Message) -> None:
+    # The on_delivery of a common-path send, bound per message by a partial (the cheapest
+    # callable that carries the message: no object of Ferry's per send). Runs inside poll()
+    # on the forwarder's thread: just record; _handle_reports does the work.
+    sink.append((mid, value, sent, err, msg))
 
 
 @dataclass(slots=True)
@@ -105,6 +119,9 @@ class _TopicState:
     # Sends failing with an error that is retried, none acknowledged since (stuck.py).
     stuck: Stuck | None = None
     waiting_since: float = 0.0  # partitions unknown since (monotonic; 0: known)
+    # Reports of the topic's common-path sends, and the callback that fills it (made once).
+    sink: list[_ValueReport] = field(default_factory=list)
+    on_report: Callable[..., None] | None = None
 
 
 class _Trouble:
@@ -291,27 +308,34 @@ class Forwarder:
                 st.waiting_since = 0.0
                 if st.stuck is not None and st.stuck.error == NO_PARTITIONS:
                     self._unstuck(topic, st)
-            batch = self.store.read(topic, st.cursor, min(room, 2000))
+            settings = self.topic_settings(topic)
+            direct = self._direct_route(topic, settings)
+            # The common case reads undecoded values (no object per message); the rest
+            # (fallback to a remote cluster) reads decoded messages into Flights.
+            batch: list[StoredMessage | Corrupt] | list[tuple[bytes, bytes]]
+            if direct is not None:
+                batch = self.store.read_values(topic, st.cursor, min(room, 2000))
+            else:
+                batch = self.store.read(topic, st.cursor, min(room, 2000))
             if not batch:
                 st.drained_at = now
                 continue
             st.drained_at = 0.0
             worked = True
-            settings = self.topic_settings(topic)
             ttl_ms = settings.ttl_seconds * 1000
             gen = self._generations.get(topic, 0)
             now_ms = int(time.time() * 1000)
-            direct = self._direct_route(topic, settings)
             # Messages are in acceptance order: if the newest one read is older than the TTL,
             # the check is needed per message; if the oldest one is younger, for none.
             first = batch[0]
-            check_ttl = now_ms - keys.id_timestamp_ms(first.id) > ttl_ms
+            first_id = first[0] if isinstance(first, tuple) else first.id
+            check_ttl = now_ms - keys.id_timestamp_ms(first_id) > ttl_ms
             max_size = settings.max_message_bytes
             if direct is not None:
-                self._send_direct(batch, st, settings, gen, check_ttl, now_ms, ttl_ms,
-                                  direct[0], direct[1], now)
+                self._send_values(topic, cast(list[tuple[bytes, bytes]], batch), st, settings,
+                                  gen, check_ttl, now_ms, ttl_ms, direct[0], direct[1], now)
                 continue
-            for m in batch:
+            for m in cast(list[StoredMessage | Corrupt], batch):
                 st.cursor = m.id
                 if not self._sendable(m, settings, gen, max_size, check_ttl, now_ms, ttl_ms):
                     continue
@@ -345,62 +369,115 @@ class Forwarder:
             return False
         return True
 
-    def _send_direct(self, batch: list[StoredMessage | Corrupt], st: _TopicState,
+    def _send_values(self, topic: str, values: list[tuple[bytes, bytes]], st: _TopicState,
                      settings: TopicConfig, gen: int, check_ttl: bool, now_ms: int,
                      ttl_ms: int, producer: Any, layout: TopicLayout, now: float) -> None:
         """The common case, kept tight (it runs once per message): one local cluster, the
-        topic's partitions known. Same rules as ``_send``, without its branches."""
+        topic's partitions known. The header of each stored value is read here and the
+        producer gets slices of it: no Record, StoredMessage or Flight per message (a Flight
+        is made only for a send that fails). Anything but a plain message (headers, an
+        older generation, a TTL or size to check, a value that does not decode) goes
+        through ``_send_one``, with the same rules as ``_send``."""
         produce = producer.produce
-        reports = self._reports
-        max_size = settings.max_message_bytes
+        report = st.on_report
+        if report is None:
+            report = st.on_report = partial(_value_report, st.sink)
+        unpack = codec.HEADER.unpack_from
+        hsize = codec.HEADER.size
+        version_now = codec.VERSION
+        has_key, has_pk, hash_key = codec.HAS_KEY, codec.HAS_PARTITION_KEY, codec.HASH_KEY
+        # Stored value = header + key + value: more than this and key + value may be too large.
+        max_plain = settings.max_message_bytes + hsize
         round_robin = layout.round_robin
         for_partition_key = layout.for_partition_key
         sent = 0
-        for m in batch:
-            st.cursor = m.id
-            if ((not isinstance(m, StoredMessage) or m.generation < gen or check_ttl)
-                    and not self._sendable(m, settings, gen, max_size, check_ttl, now_ms,
-                                           ttl_ms)):
+        for mid, v in values:
+            st.cursor = mid
+            try:
+                version, flags, g, ts, pk, klen, nheaders = unpack(v)
+            except struct.error:  # shorter than a header: _send_one discards it as corrupt
+                version = klen = nheaders = -1
+            pos = hsize + klen
+            if (version != version_now or nheaders or g < gen or check_ttl
+                    or pos > len(v) or len(v) > max_plain):
+                if self._send_one(message(topic, mid, v), st, settings, gen, check_ttl,
+                                  now_ms, ttl_ms, produce, layout, now):
+                    break  # queued for a retry: the rest of the batch waits behind it
                 continue
-            r = m.record
-            value, key = r.value, r.key
-            if len(value) + (len(key) if key else 0) > max_size:
-                self._sendable(m, settings, gen, max_size, False, now_ms, ttl_ms)  # too_large
-                continue
-            f = Flight(m, settings)
-            f.sink = reports
-            pk = r.partition_key
-            if pk is not None:
+            if flags & has_pk:
                 partition = for_partition_key(pk)
-            elif r.hash_key:
+            elif flags & hash_key:
                 partition = -1
             else:
                 partition = round_robin()
             try:
-                produce(r.topic, value, key, partition=partition, timestamp=r.timestamp_ms,
-                        headers=list(r.headers) if r.headers else None,
-                        on_delivery=f)
+                produce(topic, v[pos:], v[hsize:pos] if flags & has_key else None,
+                        partition=partition, timestamp=ts,
+                        on_delivery=partial(report, mid, v, now))
             except BufferError:
                 # The producer's queue is full. This one waits for a retry, and so does the
                 # rest of the batch (read again from here later): a later message of the same
                 # key must not go out first.
+                f = self._flight(topic, mid, v, settings)
                 st.in_flight += 1
                 self._in_flight += 1
                 self._schedule_retry(f, 0.05)
                 break
             except KafkaException as exc:
+                f = self._flight(topic, mid, v, settings)
                 st.in_flight += 1
                 self._in_flight += 1
                 self._refused_at_once(f, LOCAL, exc)
                 if st.recovering:
                     break  # refused for now and queued for a retry: as above
                 continue
-            f.sent_local_at = now
-            f.pending = 1
             sent += 1
         st.in_flight += sent
         self._in_flight += sent
         st.sending += sent
+
+    def _flight(self, topic: str, mid: bytes, value: bytes, settings: TopicConfig) -> Flight:
+        """The Flight of a common-path message that needs one (its send failed): decoded
+        again from its stored value, which decoded when it was sent."""
+        m = message(topic, mid, value)
+        assert isinstance(m, StoredMessage)
+        f = Flight(m, settings)
+        f.sink = self._reports
+        return f
+
+    def _send_one(self, m: StoredMessage | Corrupt, st: _TopicState, settings: TopicConfig,
+                  gen: int, check_ttl: bool, now_ms: int, ttl_ms: int, produce: Any,
+                  layout: TopicLayout, now: float) -> bool:
+        """A message of the common path that needs the general checks, sent with a Flight.
+        True when the rest of its batch must wait (it is queued for a retry)."""
+        if not self._sendable(m, settings, gen, settings.max_message_bytes, check_ttl, now_ms,
+                              ttl_ms):
+            return False
+        r = m.record
+        f = Flight(m, settings)
+        f.sink = self._reports
+        pk = r.partition_key
+        if pk is not None:
+            partition = layout.for_partition_key(pk)
+        elif r.hash_key:
+            partition = -1
+        else:
+            partition = layout.round_robin()
+        st.in_flight += 1
+        self._in_flight += 1
+        try:
+            produce(r.topic, r.value, r.key, partition=partition, timestamp=r.timestamp_ms,
+                    headers=list(r.headers) if r.headers else None, on_delivery=f)
+        except BufferError:
+            self._schedule_retry(f, 0.05)  # the producer's queue is full: see _send_values
+            return True
+        except KafkaException as exc:
+            self._refused_at_once(f, LOCAL, exc)
+            return st.recovering
+        f.sent_local_at = now
+        f.pending = 1
+        st.sending += 1
+        return False
 
     def _direct_route(self, topic: str, settings: TopicConfig) -> tuple[Any, Any] | None:
         """(producer, layout) when a batch of ``topic`` simply goes to the local cluster."""
@@ -528,14 +605,82 @@ class Forwarder:
         self._reports.append((f, cluster, err, msg))
 
     def _handle_reports(self) -> bool:
-        if not self._reports:
-            return False
+        worked = False
+        purge: set[tuple[str, str]] = set()
+        for topic, st in [(t, st) for t, st in self._topics.items() if st.sink]:
+            self._handle_value_reports(topic, st, purge)
+            worked = True
+        if self._reports:
+            self._handle_flight_reports(purge)
+            worked = True
+        for cluster, acks in purge:
+            # Keep per-key order: messages still queued behind a failed one would otherwise
+            # reach Kafka as soon as it answers again, ahead of the failed one's retry.
+            # Failing them now puts them in their topic's retry queue, re-sent in id order.
+            self.clusters[cluster].purge_queued(acks)
+        return worked
+
+    def _has_reports(self) -> bool:
+        return bool(self._reports) or any(st.sink for st in self._topics.values())
+
+    def _handle_value_reports(self, topic: str, st: _TopicState,
+                              purge: set[tuple[str, str]]) -> None:
+        """The reports of ``topic``'s common-path sends (_send_values), all to the local
+        cluster. An acknowledged message goes into its run for the batched delete straight
+        from the report, columns at a time; only a failed one becomes a Flight, and then
+        follows the same rules as any other (retry, discard, purge)."""
+        # Copied, not swapped: the callbacks of the sends in flight hold this very list.
+        entries = st.sink[:]
+        st.sink.clear()
+        st.sending -= len(entries)
+        now = time.monotonic()
+        lv = self._leaving
+        if not len(lv):
+            lv.since = now
+        run = lv.runs.get((topic, LOCAL))
+        if run is None:
+            run = lv.runs[(topic, LOCAL)] = DeliveredRun(topic, LOCAL)
+        mids, values, sents, errs, msgs = zip(*entries, strict=True)
+        # Stored bytes, as read() counts them: the handle (topic NUL id) and the value.
+        base = len(topic) + 1
+        # By identity: a KafkaError refuses to be compared with None (tuple.count fails).
+        if not any(map(is_not, errs, repeat(None))):
+            run.keys += mids  # bare ids (DeliveredRun says why)
+            run.sizes += [base + len(m) + len(v) for m, v in zip(mids, values, strict=True)]
+            run.partitions += [m.partition() or 0 for m in msgs]
+            run.offsets += [m.offset() or 0 for m in msgs]
+            delivered = len(entries)
+        else:
+            delivered = 0
+            settings = self.topic_settings(topic)
+            for mid, v, sent, err, msg in entries:
+                if err is None:
+                    run.keys.append(mid)
+                    run.sizes.append(base + len(mid) + len(v))
+                    run.partitions.append(msg.partition() or 0)
+                    run.offsets.append(msg.offset() or 0)
+                    delivered += 1
+                    continue
+                f = self._flight(topic, mid, v, settings)
+                f.sent_local_at = sent
+                self._report_failed(f, LOCAL, err, purge)
+        if delivered:
+            lv.delivered += delivered
+            if st.stuck is not None:
+                self._unstuck(topic, st)
+            # A sample is enough for the latency histogram.
+            for i in range(0, len(entries), 64):
+                if errs[i] is None:
+                    self.registry.observe("produce_latency_seconds", now - sents[i],
+                                          cluster=LOCAL)
+            self.clusters[LOCAL].health.acknowledged()
+
+    def _handle_flight_reports(self, purge: set[tuple[str, str]]) -> None:
         # Copied, not swapped: the Flights in flight keep appending to this very list.
         reports = self._reports[:]
         self._reports.clear()
         now = time.monotonic()
         acked: set[str] = set()
-        purge: set[tuple[str, str]] = set()
         topics = self._topics
         lv = self._leaving
         if not len(lv):
@@ -572,26 +717,25 @@ class Forwarder:
                 continue
             if f.done:
                 continue
-            code = err.code()
-            if err.fatal() or (f.settings.acks == "all" and code in STALE_PRODUCER):
-                # An idempotent producer whose id the cluster forgot (e.g. a cluster rebuilt
-                # from scratch) never recovers by itself: start a fresh one.
-                self._replace_producer(cluster, f.settings.acks, err)
-            permanent = failures.discards(code)
-            if not permanent and code != KafkaError._PURGE_QUEUE:
-                purge.add((cluster, f.settings.acks))
-            self._failed(f, cluster, err.str() or err.name(), permanent=permanent,
-                         code=err.name(), attempt=code != KafkaError._PURGE_QUEUE,
-                         operator=failures.needs_operator(code))
+            self._report_failed(f, cluster, err, purge)
         lv.delivered += delivered
-        for cluster, acks in purge:
-            # Keep per-key order: messages still queued behind a failed one would otherwise
-            # reach Kafka as soon as it answers again, ahead of the failed one's retry.
-            # Failing them now puts them in their topic's retry queue, re-sent in id order.
-            self.clusters[cluster].purge_queued(acks)
         for cluster in acked:
             self.clusters[cluster].health.acknowledged()
-        return True
+
+    def _report_failed(self, f: Flight, cluster: str, err: KafkaError,
+                       purge: set[tuple[str, str]]) -> None:
+        """A delivery report said ``f``'s send to ``cluster`` failed."""
+        code = err.code()
+        if err.fatal() or (f.settings.acks == "all" and code in STALE_PRODUCER):
+            # An idempotent producer whose id the cluster forgot (e.g. a cluster rebuilt
+            # from scratch) never recovers by itself: start a fresh one.
+            self._replace_producer(cluster, f.settings.acks, err)
+        permanent = failures.discards(code)
+        if not permanent and code != KafkaError._PURGE_QUEUE:
+            purge.add((cluster, f.settings.acks))
+        self._failed(f, cluster, err.str() or err.name(), permanent=permanent,
+                     code=err.name(), attempt=code != KafkaError._PURGE_QUEUE,
+                     operator=failures.needs_operator(code))
 
     def _replace_producer(self, cluster: str, acks: str, err: KafkaError) -> None:
         now = time.monotonic()
@@ -890,7 +1034,7 @@ class Forwarder:
             self._handle_reports()
             if len(self._leaving):
                 self._flush_leaving()
-            if not self._reports:
+            if not self._has_reports():
                 self._wait(0.01)
         self._handle_reports()
         if len(self._leaving):
