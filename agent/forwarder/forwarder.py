@@ -119,9 +119,8 @@ class _TopicState:
     # Sends failing with an error that is retried, none acknowledged since (stuck.py).
     stuck: Stuck | None = None
     waiting_since: float = 0.0  # partitions unknown since (monotonic; 0: known)
-    # Reports of the topic's common-path sends, and the callback that fills it (made once).
+    # Reports of the topic's common-path sends (_value_report).
     sink: list[_ValueReport] = field(default_factory=list)
-    on_report: Callable[..., None] | None = None
 
 
 class _Trouble:
@@ -379,9 +378,7 @@ class Forwarder:
         older generation, a TTL or size to check, a value that does not decode) goes
         through ``_send_one``, with the same rules as ``_send``."""
         produce = producer.produce
-        report = st.on_report
-        if report is None:
-            report = st.on_report = partial(_value_report, st.sink)
+        sink = st.sink
         unpack = codec.HEADER.unpack_from
         hsize = codec.HEADER.size
         version_now = codec.VERSION
@@ -390,6 +387,10 @@ class Forwarder:
         max_plain = settings.max_message_bytes + hsize
         round_robin = layout.round_robin
         for_partition_key = layout.for_partition_key
+        parts = layout.partitions
+        n = len(parts)
+        inline = layout.all_available()
+        rr = layout.position
         sent = 0
         for mid, v in values:
             st.cursor = mid
@@ -405,15 +406,22 @@ class Forwarder:
                     break  # queued for a retry: the rest of the batch waits behind it
                 continue
             if flags & has_pk:
-                partition = for_partition_key(pk)
+                # Bruce's rule (partitioner.py), inline while every partition has a leader.
+                partition = parts[(pk & 0xFFFFFFFF) % n] if inline else for_partition_key(pk)
             elif flags & hash_key:
                 partition = -1
+            elif inline:
+                rr = (rr + 1) % n
+                partition = parts[rr]
             else:
                 partition = round_robin()
             try:
-                produce(topic, v[pos:], v[hsize:pos] if flags & has_key else None,
-                        partition=partition, timestamp=ts,
-                        on_delivery=partial(report, mid, v, now))
+                # Positional, in the order of confluent-kafka's produce() (topic, value, key,
+                # partition, callback, on_delivery, timestamp): parsing keywords cost more
+                # than any other step of this loop (tests/forwarder/test_send_path.py checks
+                # every field arrives).
+                produce(topic, v[pos:], v[hsize:pos] if flags & has_key else None, partition,
+                        partial(_value_report, sink, mid, v, now), None, ts)
             except BufferError:
                 # The producer's queue is full. This one waits for a retry, and so does the
                 # rest of the batch (read again from here later): a later message of the same
@@ -432,6 +440,8 @@ class Forwarder:
                     break  # refused for now and queued for a retry: as above
                 continue
             sent += 1
+        if inline:
+            layout.position = rr
         st.in_flight += sent
         self._in_flight += sent
         st.sending += sent

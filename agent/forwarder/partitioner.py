@@ -20,14 +20,22 @@ class TopicLayout:
 
     partitions: tuple[int, ...]
     available: tuple[int, ...]
-    _next: int = field(default=0, repr=False)
+    # The round-robin position: the index in the choices of the partition chosen last.
+    position: int = field(default=0, repr=False)
 
     def round_robin(self) -> int:
         choices = self.available or self.partitions
         if not choices:
             return UNASSIGNED
-        self._next = (self._next + 1) % len(choices)
-        return choices[self._next]
+        self.position = (self.position + 1) % len(choices)
+        return choices[self.position]
+
+    def all_available(self) -> bool:
+        """Every partition has a leader: then ``for_partition_key(k)`` is
+        ``partitions[k % n]`` and round-robin goes over ``partitions``, which the
+        forwarder's common path computes inline (a method call per message costs more)."""
+        return bool(self.partitions) and (not self.available
+                                          or len(self.available) == len(self.partitions))
 
     def for_partition_key(self, key: int) -> int:
         parts = self.partitions

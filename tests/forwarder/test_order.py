@@ -43,10 +43,14 @@ class FakeProducer:
         self._answers: list[tuple[Callback, KafkaError | None, _Message]] = []
         self._offset = 0
 
-    def produce(self, topic: str, value: bytes, key: bytes | None = None, *,
-                on_delivery: Callback, **_: Any) -> None:
-        self.sent.append((value, on_delivery))
-        self.pending.append((value, on_delivery))
+    def produce(self, topic: str, value: bytes, key: bytes | None = None, partition: int = -1,
+                callback: Callback | None = None, on_delivery: Callback | None = None,
+                timestamp: int = 0, headers: Any = None) -> None:
+        # confluent-kafka's argument order: the forwarder passes some of them positionally.
+        cb = callback or on_delivery
+        assert cb is not None
+        self.sent.append((value, cb))
+        self.pending.append((value, cb))
 
     def _answer(self, value: bytes, err: KafkaError | None) -> None:
         i = next(i for i, (v, _) in enumerate(self.pending) if v == value)
