@@ -33,7 +33,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import islice, repeat
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -189,13 +189,12 @@ class Outcome:
 @dataclass(slots=True)
 class DeliveredRun:
     """Messages of one topic that one cluster acknowledged: the forwarder's common outcome,
-    kept as parallel lists (no object per message). ``sizes`` are the stored bytes.
-    ``keys`` are handles (``topic NUL id``) or bare ids: only the id, their last bytes, is
-    used (the forwarder's common path keeps bare ids and saves a join per message)."""
+    kept as parallel lists (no object per message): message ids (not handles: ``records``
+    is keyed by id, so the deletes take them as they are), and ``sizes``, the stored bytes."""
 
     topic: str
     cluster: str
-    keys: list[bytes] = field(default_factory=list)
+    ids: list[bytes] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
     partitions: list[int] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
@@ -958,14 +957,20 @@ class Store:
         # The runs' tracking entries and sizes are made before the transaction, as if every
         # key were still there (the common case): the writer lock, which the ingest process's
         # commits wait for, is then held for the deletes and puts alone.
+        # Built with map() and zip() over the run's columns: no Python code per message.
         prepared: list[tuple[list[tuple[bytes, bytes]], int]] = []
         for run in runs:
             entries: list[tuple[bytes, bytes]] = []
             if track:
                 tail = f"{run.topic}\0{run.cluster}\0{run.note}".encode()
-                entries = [(k[-id_len:], pack(delivered, p, o, now_ms) + tail)
-                           for k, p, o in zip(run.keys, run.partitions, run.offsets,
-                                              strict=True)]
+                if not len(run.ids) == len(run.partitions) == len(run.offsets):
+                    raise ValueError(f"a delivered run of {run.topic} has columns of "
+                                     "different lengths")
+                # The tracking value with the tail in one pack: no join per message.
+                with_tail = struct.Struct(f"{_TRACK.format}{len(tail)}s").pack
+                entries = list(zip(run.ids, map(with_tail, repeat(delivered), run.partitions,
+                                                run.offsets, repeat(now_ms), repeat(tail)),
+                                   strict=True))
             prepared.append((entries, sum(run.sizes)))
 
         def body(txn: lmdb.Transaction) -> tuple[list[bool], list[list[bool]]]:
@@ -996,8 +1001,8 @@ class Store:
                                     pack(states[o.state], o.partition, o.offset, now_ms) + tail))
             run_removed: list[list[bool]] = []
             for run, (entries, size) in zip(runs, prepared, strict=True):
-                # A comprehension, not a loop of statements: this is the per-message hot path.
-                ok_list = [delete(k[-id_len:], b"", records) for k in run.keys]
+                # map(): this is the per-message hot path (positional: b"" is any value).
+                ok_list = list(map(delete, run.ids, repeat(b""), repeat(records)))
                 run_removed.append(ok_list)
                 c = counts.get(run.topic)
                 if c is None:
@@ -1053,8 +1058,13 @@ class Store:
         limit = max(2000, 2 * added)
         with txn.cursor(self._tracking) as cur:
             n = 0
-            while n < limit and cur.first() and (n < excess or bytes(cur.key()) < cutoff):
-                cur.delete()
+            if not cur.first():
+                return
+            # delete() moves on to the next entry: one call per entry forgotten. Past the
+            # last one the cursor is unpositioned and delete() says False.
+            while n < limit and (n < excess or cast(bytes, cur.key()) < cutoff):
+                if not cur.delete():
+                    break
                 n += 1
 
     # -- inspection ------------------------------------------------------------------------

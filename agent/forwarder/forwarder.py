@@ -655,7 +655,7 @@ class Forwarder:
         base = len(topic) + 1
         # By identity: a KafkaError refuses to be compared with None (tuple.count fails).
         if not any(map(is_not, errs, repeat(None))):
-            run.keys += mids  # bare ids (DeliveredRun says why)
+            run.ids += mids
             run.sizes += [base + len(m) + len(v) for m, v in zip(mids, values, strict=True)]
             run.partitions += [m.partition() or 0 for m in msgs]
             run.offsets += [m.offset() or 0 for m in msgs]
@@ -665,7 +665,7 @@ class Forwarder:
             settings = self.topic_settings(topic)
             for mid, v, sent, err, msg in entries:
                 if err is None:
-                    run.keys.append(mid)
+                    run.ids.append(mid)
                     run.sizes.append(base + len(mid) + len(v))
                     run.partitions.append(msg.partition() or 0)
                     run.offsets.append(msg.offset() or 0)
@@ -719,7 +719,7 @@ class Forwarder:
                 run = runs.get((topic, cluster))
                 if run is None:
                     run = runs[(topic, cluster)] = DeliveredRun(topic, cluster)
-                run.keys.append(m.key)
+                run.ids.append(m.id)
                 run.sizes.append(m.stored_bytes)
                 run.partitions.append(msg.partition() or 0)
                 run.offsets.append(msg.offset() or 0)

@@ -262,12 +262,12 @@ class ExactlyOnce:
                 if where is None and (last_id is None or m.id > last_id):
                     continue  # not in Kafka: sent again
                 size = m.stored_bytes if isinstance(m, StoredMessage) else len(m.key) + len(m.raw)
-                run.keys.append(m.key)
+                run.ids.append(m.id)
                 run.sizes.append(size)
                 p, o = where or (-1, -1)
                 run.partitions.append(p)
                 run.offsets.append(o)
-            if run.keys:
+            if run.ids:
                 _, oks = self.store.remove_many((), [run])
                 n = sum(oks[0])
                 removed += n
@@ -314,7 +314,7 @@ class ExactlyOnce:
                     b = batches.get(topic)
                     if b is None:
                         b = batches[topic] = _Batch(DeliveredRun(topic, CLUSTER, note=NOTE))
-                    b.run.keys.append(m.key)
+                    b.run.ids.append(m.id)
                     b.run.sizes.append(m.stored_bytes)
                     b.last_id = m.id
                     count += 1
@@ -334,7 +334,7 @@ class ExactlyOnce:
         self.store.remove_many(outcomes, runs)
         self._backoff = RETRY_INITIAL
         for topic, b in batches.items():
-            self.registry.inc("messages_delivered", len(b.run.keys), topic=topic,
+            self.registry.inc("messages_delivered", len(b.run.ids), topic=topic,
                               cluster=CLUSTER)
         for d in discards:
             self.registry.inc("messages_discarded", topic=d.topic, reason=d.reason)
@@ -381,7 +381,7 @@ class ExactlyOnce:
                 if off > b.written.get(part, -1):
                     b.written[part] = off
         for topic, b in batches.items():
-            if len(b.run.partitions) != len(b.run.keys):
+            if len(b.run.partitions) != len(b.run.ids):
                 raise KafkaException(KafkaError(KafkaError._STATE,
                                                 f"delivery reports of {topic} missing"))
             assert b.last_id is not None

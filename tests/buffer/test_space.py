@@ -76,7 +76,7 @@ def append_until_refused(store: Store, limit: int = 2000) -> tuple[int, BufferFu
 def deliver_all(store: Store, topic: str = "t") -> int:
     n = 0
     while batch := [m for m in store.read(topic, None, 2000) if isinstance(m, StoredMessage)]:
-        store.remove_many([], [DeliveredRun(topic, "local", [m.key for m in batch],
+        store.remove_many([], [DeliveredRun(topic, "local", [m.id for m in batch],
                                             [m.stored_bytes for m in batch],
                                             [0] * len(batch), list(range(len(batch))))])
         n += len(batch)

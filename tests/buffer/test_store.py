@@ -231,7 +231,7 @@ def test_remove_of_nothing_is_harmless(store: Store) -> None:
 
 def run_of(msgs: Sequence[StoredMessage], cluster: str = "local",
            first_offset: int = 100) -> DeliveredRun:
-    return DeliveredRun(msgs[0].topic, cluster, [m.key for m in msgs],
+    return DeliveredRun(msgs[0].topic, cluster, [m.id for m in msgs],
                         [m.stored_bytes for m in msgs], [1] * len(msgs),
                         list(range(first_offset, first_offset + len(msgs))))
 
@@ -481,6 +481,19 @@ def test_tracking_forgets_outcomes_older_than_track_seconds(
         s.remove([delivered(new)])
         assert s.locate(old.id) is None
         assert s.locate(new.id) is not None
+
+
+def test_tracking_keeps_the_newest_outcomes_within_its_cap(tmp_path: Path) -> None:
+    with Store(tmp_path / "b", 64 * MB) as s:
+        s.max_tracking = 50
+        s.append([[Record("a", str(i).encode()) for i in range(80)]])
+        msgs = read_all(s, "a")
+        s.remove_many([], [run_of(msgs[:60])])  # 60 tracked: the oldest 10 forgotten
+        assert [s.locate(m.id) is None for m in msgs[8:12]] == [True, True, False, False]
+        s.remove_many([], [run_of(msgs[60:])])  # 70 tracked: the oldest 20 forgotten
+        assert [s.locate(m.id) is None for m in msgs] == [True] * 30 + [False] * 50
+        last = s.locate(msgs[-1].id)
+        assert last is not None and (last["state"], last["offset"]) == ("delivered", 119)
 
 
 # -- purge -------------------------------------------------------------------------------------
