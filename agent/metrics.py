@@ -95,6 +95,13 @@ DEFINITIONS: dict[str, MetricDef] = {
                   "Records of re-published spool files not ingested again, because the same "
                   "bytes were ingested before under the same name.", ("reason",)),
         MetricDef("spool_files_pending", "gauge", "Spool files waiting to be ingested."),
+        MetricDef("spool_batches_deferred", "counter",
+                  "Spool batches the buffer refused for lack of space (buffer_full, "
+                  "disk_full, disk_error); their records wait in the file, which is retried "
+                  "every 0.5 s. Not messages_rejected: nothing was refused to a client.",
+                  ("reason",)),
+        MetricDef("spool_intake_paused", "gauge",
+                  "1 while the spool intake waits for room in the buffer."),
         MetricDef("spool_files_unrecognized", "gauge",
                   "Files in spool directories that Ferry does not read (wrong place or "
                   "extension)."),
