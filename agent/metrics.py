@@ -69,6 +69,10 @@ DEFINITIONS: dict[str, MetricDef] = {
         MetricDef("buffer_full", "gauge", "1 while new input is refused for lack of space."),
         MetricDef("produce_latency_seconds", "histogram",
                   "Time from produce() to the cluster's acknowledgement.", ("cluster",)),
+        MetricDef("topics_stuck", "gauge",
+                  "Topics whose sends fail with an error retrying cannot fix (authorization, "
+                  "unknown topic, TLS...): they wait for an operator; /status/topics says "
+                  "which and why."),
         MetricDef("cluster_up", "gauge",
                   "1 while the cluster is up, 0 while down (docs/design.md, \"Cluster "
                   "state\"); absent while unknown.", ("cluster",)),
