@@ -392,8 +392,8 @@ class Forwarder:
         inline = layout.all_available()
         rr = layout.position
         sent = 0
+        mid = b""
         for mid, v in values:
-            st.cursor = mid
             try:
                 version, flags, g, ts, pk, klen, nheaders = unpack(v)
             except struct.error:  # shorter than a header: _send_one discards it as corrupt
@@ -440,6 +440,9 @@ class Forwarder:
                     break  # refused for now and queued for a retry: as above
                 continue
             sent += 1
+        # Past the last message looked at (sent, discarded, or queued for a retry): set once
+        # per batch, nothing in the loop reads it.
+        st.cursor = mid
         if inline:
             layout.position = rr
         st.in_flight += sent
