@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import repeat
-from operator import is_not
+from operator import add, is_not, methodcaller
 from typing import Any, TypeGuard, cast
 
 from confluent_kafka import KafkaError, KafkaException, Message
@@ -91,6 +91,7 @@ class Flight:
 
 
 _Report = tuple[Flight, str, KafkaError | None, Message]
+_partition = methodcaller("partition")
 # A report of the common path (_send_values): message id, its stored value, when it was sent,
 # then the producer's (err, msg). No Flight exists for such a send until it fails.
 _ValueReport = tuple[bytes, bytes, float, KafkaError | None, Message]
@@ -658,9 +659,11 @@ class Forwarder:
         base = len(topic) + 1
         # By identity: a KafkaError refuses to be compared with None (tuple.count fails).
         if not any(map(is_not, errs, repeat(None))):
+            # map() where it can be: C calls, no Python code per message. A delivered
+            # message always has its partition; its offset may be unknown (None).
             run.ids += mids
-            run.sizes += [base + len(m) + len(v) for m, v in zip(mids, values, strict=True)]
-            run.partitions += [m.partition() or 0 for m in msgs]
+            run.sizes += map(add, repeat(base + keys.ID_LEN), map(len, values))
+            run.partitions += map(_partition, msgs)
             run.offsets += [m.offset() or 0 for m in msgs]
             delivered = len(entries)
         else:
