@@ -869,34 +869,7 @@ class Store:
         self, topic: str, after: bytes | None, limit: int
     ) -> list[StoredMessage | Corrupt]:
         """Up to ``limit`` messages of ``topic`` in FIFO order, after message id ``after``."""
-        prefix = keys.topic_prefix(topic)
-        items = self.read_values(topic, after, limit)
-        # codec.decode's common case (no headers) inlined: this runs once per message on the
-        # exactly-once path. Anything else, a corrupt value included, goes through decode.
-        unpack = codec.HEADER.unpack_from
-        hsize = codec.HEADER.size
-        version_now = codec.VERSION
-        out: list[StoredMessage | Corrupt] = []
-        append = out.append
-        for mid, v in items:
-            k = prefix + mid
-            try:
-                version, flags, gen, ts, pk, klen, nheaders = unpack(v)
-            except struct.error:  # shorter than a header: decode says why
-                version = klen = nheaders = -1
-            pos = hsize + klen
-            if version == version_now and not nheaders and pos <= len(v):
-                record = Record(topic, v[pos:], v[hsize:pos] if flags & codec.HAS_KEY else None,
-                                pk if flags & codec.HAS_PARTITION_KEY else None, ts, (),
-                                bool(flags & codec.HASH_KEY))
-            else:
-                try:
-                    record, gen = codec.decode(topic, v)
-                except codec.CorruptRecord as exc:
-                    append(Corrupt(k, mid, topic, v, str(exc)))
-                    continue
-            append(StoredMessage(k, mid, record, gen, len(k) + len(v)))
-        return out
+        return messages(topic, self.read_values(topic, after, limit))
 
     def read_values(
         self, topic: str, after: bytes | None, limit: int
@@ -1140,6 +1113,38 @@ class Store:
         except lmdb.Error as exc:
             log.warning("could not check the buffer's reader slots: %s", exc)
             return 0
+
+
+def messages(topic: str,
+             items: Sequence[tuple[bytes, bytes]]) -> list[StoredMessage | Corrupt]:
+    """``(id, value)`` pairs of ``Store.read_values`` decoded, as ``Store.read`` returns them."""
+    prefix = keys.topic_prefix(topic)
+    # codec.decode's common case (no headers) inlined: this runs once per message on the
+    # exactly-once and fallback paths. Anything else, a corrupt value included, goes through decode.
+    unpack = codec.HEADER.unpack_from
+    hsize = codec.HEADER.size
+    version_now = codec.VERSION
+    out: list[StoredMessage | Corrupt] = []
+    append = out.append
+    for mid, v in items:
+        k = prefix + mid
+        try:
+            version, flags, gen, ts, pk, klen, nheaders = unpack(v)
+        except struct.error:  # shorter than a header: decode says why
+            version = klen = nheaders = -1
+        pos = hsize + klen
+        if version == version_now and not nheaders and pos <= len(v):
+            record = Record(topic, v[pos:], v[hsize:pos] if flags & codec.HAS_KEY else None,
+                            pk if flags & codec.HAS_PARTITION_KEY else None, ts, (),
+                            bool(flags & codec.HASH_KEY))
+        else:
+            try:
+                record, gen = codec.decode(topic, v)
+            except codec.CorruptRecord as exc:
+                append(Corrupt(k, mid, topic, v, str(exc)))
+                continue
+        append(StoredMessage(k, mid, record, gen, len(k) + len(v)))
+    return out
 
 
 def message(topic: str, message_id: bytes, value: bytes) -> StoredMessage | Corrupt:

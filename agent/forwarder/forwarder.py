@@ -21,14 +21,22 @@ from dataclasses import dataclass, field
 from functools import partial
 from itertools import repeat
 from operator import add, is_not, methodcaller
-from typing import Any, TypeGuard, cast
+from typing import Any, TypeGuard
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from agent.ack_signal import AckSender
 from agent.ack_signal import socket_path as ack_socket_path
 from agent.buffer import codec, keys
-from agent.buffer.store import Corrupt, DeliveredRun, Outcome, Store, StoredMessage, message
+from agent.buffer.store import (
+    Corrupt,
+    DeliveredRun,
+    Outcome,
+    Store,
+    StoredMessage,
+    message,
+    messages,
+)
 from agent.config import FerryConfig, TopicConfig
 from agent.forwarder import failures
 from agent.forwarder.clusters import Cluster
@@ -308,34 +316,27 @@ class Forwarder:
                 st.waiting_since = 0.0
                 if st.stuck is not None and st.stuck.error == NO_PARTITIONS:
                     self._unstuck(topic, st)
-            settings = self.topic_settings(topic)
-            direct = self._direct_route(topic, settings)
-            # The common case reads undecoded values (no object per message); the rest
-            # (fallback to a remote cluster) reads decoded messages into Flights.
-            batch: list[StoredMessage | Corrupt] | list[tuple[bytes, bytes]]
-            if direct is not None:
-                batch = self.store.read_values(topic, st.cursor, min(room, 2000))
-            else:
-                batch = self.store.read(topic, st.cursor, min(room, 2000))
-            if not batch:
+            values = self.store.read_values(topic, st.cursor, min(room, 2000))
+            if not values:
                 st.drained_at = now
                 continue
             st.drained_at = 0.0
             worked = True
+            settings = self.topic_settings(topic)
             ttl_ms = settings.ttl_seconds * 1000
             gen = self._generations.get(topic, 0)
             now_ms = int(time.time() * 1000)
             # Messages are in acceptance order: if the newest one read is older than the TTL,
             # the check is needed per message; if the oldest one is younger, for none.
-            first = batch[0]
-            first_id = first[0] if isinstance(first, tuple) else first.id
-            check_ttl = now_ms - keys.id_timestamp_ms(first_id) > ttl_ms
+            check_ttl = now_ms - keys.id_timestamp_ms(values[0][0]) > ttl_ms
             max_size = settings.max_message_bytes
+            direct = self._direct_route(topic, settings)
             if direct is not None:
-                self._send_values(topic, cast(list[tuple[bytes, bytes]], batch), st, settings,
-                                  gen, check_ttl, now_ms, ttl_ms, direct[0], direct[1], now)
+                # The common case sends from the undecoded values (no object per message).
+                self._send_values(topic, values, st, settings, gen, check_ttl, now_ms, ttl_ms,
+                                  direct[0], direct[1], now)
                 continue
-            for m in cast(list[StoredMessage | Corrupt], batch):
+            for m in messages(topic, values):
                 st.cursor = m.id
                 if not self._sendable(m, settings, gen, max_size, check_ttl, now_ms, ttl_ms):
                     continue
