@@ -820,7 +820,9 @@ class Forwarder:
             lv.retry_at = now + DELETE_RETRY_SECONDS
             return
         self._delete_trouble.worked(ready + lv.delivered)
-        self._ack_signal.send()  # 201s waiting for these acknowledgements wake now
+        # 201s waiting for these acknowledgements are answered now (agent/ack_signal.py).
+        self._ack_signal.send([k for run in runs for k in run.keys],
+                              [o.key for o in lv.outcomes[:ready] if o.state == "discarded"])
         self._leaving = _Leaving()
         if ready < len(lv.outcomes):
             rest = self._leaving
