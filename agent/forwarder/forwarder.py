@@ -542,6 +542,7 @@ class Forwarder:
             lv.since = now
         runs = lv.runs
         delivered = 0
+        acked_keys: list[bytes] = []
         for i, (f, cluster, err, msg) in enumerate(reports):
             f.pending -= 1
             m = f.msg
@@ -568,6 +569,7 @@ class Forwarder:
                 run.sizes.append(m.stored_bytes)
                 run.partitions.append(msg.partition() or 0)
                 run.offsets.append(msg.offset() or 0)
+                acked_keys.append(m.key)
                 delivered += 1
                 continue
             if f.done:
@@ -584,6 +586,10 @@ class Forwarder:
                          code=err.name(), attempt=code != KafkaError._PURGE_QUEUE,
                          operator=failures.needs_operator(code))
         lv.delivered += delivered
+        if acked_keys:
+            # 201s waiting for these are answered now (agent/ack_signal.py): Kafka has
+            # acknowledged them, whether or not the buffer's delete has committed yet.
+            self._ack_signal.send(acked_keys)
         for cluster, acks in purge:
             # Keep per-key order: messages still queued behind a failed one would otherwise
             # reach Kafka as soon as it answers again, ahead of the failed one's retry.
@@ -820,9 +826,10 @@ class Forwarder:
             lv.retry_at = now + DELETE_RETRY_SECONDS
             return
         self._delete_trouble.worked(ready + lv.delivered)
-        # 201s waiting for these acknowledgements are answered now (agent/ack_signal.py).
-        self._ack_signal.send([k for run in runs for k in run.keys],
-                              [o.key for o in lv.outcomes[:ready] if o.state == "discarded"])
+        # Waits for discarded messages end now (202); acknowledged ones were signalled
+        # when their delivery reports came (_handle_reports).
+        self._ack_signal.send((), [o.key for o in lv.outcomes[:ready]
+                                   if o.state == "discarded"])
         self._leaving = _Leaving()
         if ready < len(lv.outcomes):
             rest = self._leaving
