@@ -26,6 +26,8 @@ from agent.ack_signal import AckSender
 from agent.ack_signal import socket_path as ack_socket_path
 from agent.buffer import keys
 from agent.buffer.store import Corrupt, DeliveredRun, Outcome, Store, StoredMessage
+from agent.commit_signal import listen as listen_for_commits
+from agent.commit_signal import socket_path as commit_socket_path
 from agent.config import FerryConfig, TopicConfig
 from agent.forwarder import failures
 from agent.forwarder.clusters import Cluster
@@ -172,6 +174,8 @@ class Forwarder:
         self.store = store
         # Tells the HTTP stage that outcomes were recorded (agent/ack_signal.py).
         self._ack_signal = AckSender(ack_socket_path(config.buffer.path))
+        # New commits wake the idle loop at once (agent/commit_signal.py).
+        self._commits = listen_for_commits(commit_socket_path(config.buffer.path))
         self.registry = registry
         self.discard_log = discard_log or DiscardLog(config.discard_log_path,
                                                      config.buffer.discard_log_max_bytes)
@@ -246,6 +250,13 @@ class Forwarder:
         return worked
 
     def _wait(self, timeout: float) -> None:
+        if self._in_flight == 0 and self._commits is not None:
+            # No delivery report to wait for: wait for the next commit instead, and read
+            # every topic when it comes (agent/commit_signal.py).
+            if self._commits.wait(timeout):
+                for st in self._topics.values():
+                    st.drained_at = 0.0
+            return
         producers = [p for c in self.clusters.values() for p in c._producers.values()]
         if producers:
             producers[0].poll(timeout)
@@ -906,6 +917,8 @@ class Forwarder:
             self._flush_leaving()
         for c in self.clusters.values():
             c.close(0.5)
+        if self._commits is not None:
+            self._commits.close()
 
     def stats(self) -> dict[str, Any]:
         return {"in_flight": self._in_flight,
