@@ -69,6 +69,10 @@ DEFINITIONS: dict[str, MetricDef] = {
         MetricDef("buffer_full", "gauge", "1 while new input is refused for lack of space."),
         MetricDef("produce_latency_seconds", "histogram",
                   "Time from produce() to the cluster's acknowledgement.", ("cluster",)),
+        MetricDef("topics_stuck", "gauge",
+                  "Topics whose sends fail with an error retrying cannot fix (authorization, "
+                  "unknown topic, TLS...): they wait for an operator; /status/topics says "
+                  "which and why."),
         MetricDef("cluster_up", "gauge",
                   "1 while the cluster is up, 0 while down (docs/design.md, \"Cluster "
                   "state\"); absent while unknown.", ("cluster",)),
@@ -95,6 +99,13 @@ DEFINITIONS: dict[str, MetricDef] = {
                   "Records of re-published spool files not ingested again, because the same "
                   "bytes were ingested before under the same name.", ("reason",)),
         MetricDef("spool_files_pending", "gauge", "Spool files waiting to be ingested."),
+        MetricDef("spool_batches_deferred", "counter",
+                  "Spool batches the buffer refused for lack of space (buffer_full, "
+                  "disk_full, disk_error); their records wait in the file, which is retried "
+                  "every 0.5 s. Not messages_rejected: nothing was refused to a client.",
+                  ("reason",)),
+        MetricDef("spool_intake_paused", "gauge",
+                  "1 while the spool intake waits for room in the buffer."),
         MetricDef("spool_files_unrecognized", "gauge",
                   "Files in spool directories that Ferry does not read (wrong place or "
                   "extension)."),

@@ -42,10 +42,11 @@ REJECTED: dict[str, tuple[str, str]] = {
     "overloaded": ("http", "the buffer's writer is behind (503)"),
     "starting": ("http", "the agent is starting (503)"),
     "shutting_down": ("socket, http", "the agent is stopping (503)"),
-    "buffer_full": ("socket, http, spool", "the buffer is at buffer.max_bytes (503)"),
-    "disk_full": ("socket, http, spool", "the buffer's filesystem is down to its reserve "
-                  "(503)"),
-    "disk_error": ("socket, http, spool", "the buffer's disk refused a write (503)"),
+    # (For the spool these three are not rejections: the batch waits in its file and is
+    # counted as spool_batches_deferred{reason}.)
+    "buffer_full": ("socket, http", "the buffer is at buffer.max_bytes (503)"),
+    "disk_full": ("socket, http", "the buffer's filesystem is down to its reserve (503)"),
+    "disk_error": ("socket, http", "the buffer's disk refused a write (503)"),
     "unencodable": ("socket, http, spool", "a record the buffer cannot encode (400; a spool "
                     "file holding one is quarantined as unencodable)"),
 }

@@ -389,6 +389,7 @@ def clusters(view: View, ctx: Context) -> dict[str, Any]:
 def spool(view: View, ctx: Context) -> dict[str, Any]:
     """Spool intake: files waiting, done and quarantined; names that came again."""
     pending = _gauge(view, "spool_files_pending")
+    paused = _gauge(view, "spool_intake_paused")
     return {
         "time": ctx.now,
         "files_pending": None if pending is None else _count(pending),
@@ -402,6 +403,9 @@ def spool(view: View, ctx: Context) -> dict[str, Any]:
         "files_extended": _count(view.total("spool_files_extended")),
         "files_diverged": _count(view.total("spool_files_diverged")),
         "records_skipped": _count(view.total("spool_records_skipped")),
+        # Waiting for room in the buffer: the files wait on disk, nothing is refused.
+        "paused": bool(paused is not None and paused >= 1),
+        "batches_deferred_by_reason": _counts(view.by("spool_batches_deferred", "reason")),
     }
 
 

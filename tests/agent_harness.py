@@ -47,7 +47,7 @@ def write_config(
     bootstrap: str,
     *,
     remote_bootstrap: str | None = None,
-    http: bool = True,
+    http: bool | dict[str, Any] = True,
     spool: bool = False,
     topics: dict[str, dict[str, Any]] | None = None,
     buffer: dict[str, Any] | None = None,
@@ -55,12 +55,14 @@ def write_config(
     extra: str = "",
     outage_after_seconds: float = 2.0,
 ) -> Path:
-    """A config for an agent whose state lives under ``root``; returns the file's path."""
+    """A config for an agent whose state lives under ``root``; returns the file's path.
+    ``http``: False for no HTTP listener, or settings of ``[http]`` beside its listener."""
     root.mkdir(parents=True, exist_ok=True)
     sections: dict[str, dict[str, Any]] = {
         "buffer": {"path": root / "buffer", "max_bytes": 256 * 1024 * 1024, **(buffer or {})},
         "socket": {"path": root / "ferry.sock"},
-        "http": {"listen": f"127.0.0.1:{free_port()}" if http else ""},
+        "http": {"listen": f"127.0.0.1:{free_port()}" if http else "",
+                 **(http if isinstance(http, dict) else {})},
         "spool": {"dirs": [root / "spool"] if spool else []},
         "kafka.local": {"bootstrap_servers": bootstrap,
                         "outage_after_seconds": outage_after_seconds},

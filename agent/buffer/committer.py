@@ -25,7 +25,7 @@ from agent.buffer.store import (
     Store,
 )
 from agent.metrics import REGISTRY, Registry
-from agent.records import Record
+from agent.records import Record, Source
 
 log = logging.getLogger(__name__)
 
@@ -370,6 +370,11 @@ class Committer:
                     accepted[k] = accepted.get(k, 0) + 1
             else:
                 reason = result.reason
+                if reason in _SPACE_REASONS and sub.source == Source.SPOOL:
+                    # Not a rejection: the records wait in their file and the intake retries
+                    # (spool_batches_deferred, counted and logged by the intake, once per
+                    # attempt and once per pause).
+                    continue
                 if reason in _SPACE_REASONS:
                     refused[reason] = refused.get(reason, 0) + len(sub.records)
                     detail = str(result)

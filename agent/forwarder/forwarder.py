@@ -896,9 +896,10 @@ class Forwarder:
             reg.set("cluster_brokers_up", float(c.brokers), cluster=name)
             reg.set("messages_in_flight", float(c.outstanding()), cluster=name)
         reg.set_info("cluster_state", states)
-        reg.set_info("stuck_topics", {t: {**st.stuck.to_json(),
-                                          "retrying": len(st.retry) + st.in_flight}
-                                      for t, st in self._topics.items() if st.stuck is not None})
+        stuck = {t: {**st.stuck.to_json(), "retrying": len(st.retry) + st.in_flight}
+                 for t, st in self._topics.items() if st.stuck is not None}
+        reg.set_info("stuck_topics", stuck)
+        reg.set("topics_stuck", float(len(stuck)))  # for alerting (FerryTopicStuck)
 
     # -- stopping --------------------------------------------------------------------------
     def shutdown(self, timeout: float = 5.0) -> None:

@@ -43,6 +43,7 @@ from agent.buffer.codec import encode_spool_block
 from agent.buffer.committer import ShuttingDown
 from agent.buffer.store import BufferFull, BufferUnavailable, InvalidGroup
 from agent.ingest.spool_seen import Seen, decide, probe_for
+from agent.metrics import Registry
 from agent.records import Record, Source
 from agent.runtime import Runtime
 from spool.format import EXTENSION, SpoolFormatError, SpoolRecord
@@ -110,7 +111,7 @@ class SpoolIntake:
         self._unrecognized: set[Path] = set()  # as of the last scan
         self._observer: Any = None
         self._thread = threading.Thread(target=self._run, name="spool-intake", daemon=True)
-        self._pause = _Pause()
+        self._pause = _Pause(self.registry)
         # Binary files' batches commit on this thread while the intake thread encodes the
         # next one (the fsync releases the GIL).
         self._committing = ThreadPoolExecutor(1, thread_name_prefix="spool-commit")
@@ -433,13 +434,8 @@ class SpoolIntake:
                                                               "detail": str(exc), "messages": n})
             raise _Unstorable(str(exc)) from None
         except (BufferFull, BufferUnavailable) as exc:
-            # buffer_full, disk_full (the filesystem's reserve), or the disk's own error.
-            reason = getattr(exc, "reason", "buffer_full")
-            n = sum(len(r[1]) for r in runs)
-            registry.inc("messages_rejected", n, source=Source.SPOOL, reason=reason)
-            # A sample with its time for the page, as the other sources leave.
-            registry.sample("rejected", reason, {"source": Source.SPOOL, "detail": str(exc),
-                                                 "messages": n})
+            # buffer_full, disk_full (the filesystem's reserve), or the disk's own error: the
+            # batch waits in its file (counted by _Pause.refused, not as a rejection).
             return exc
         registry.inc("buffer_commits", writer=Source.SPOOL)
         registry.observe("buffer_commit_seconds", time.perf_counter() - started,
@@ -602,24 +598,31 @@ _WEIGHT = 64
 
 
 class _Pause:
-    """Logs a pause of the intake for room in the buffer once when it starts and once when it
-    ends, with what happened in between (a long outage would otherwise log a line every
-    half second)."""
+    """A pause of the intake for room in the buffer: each refused attempt counted
+    (spool_batches_deferred{reason}), the gauge spool_intake_paused, and a log line when it
+    starts and one when it ends, with what happened in between (a long outage would
+    otherwise log a line every half second). The records are not counted as rejected: they
+    wait in their file, and nothing was refused to anyone."""
 
-    def __init__(self) -> None:
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
         self.since: float | None = None
         self.attempts = 0
 
     def refused(self, why: BaseException) -> None:
         self.attempts += 1
+        reason = getattr(why, "reason", "buffer_full")
+        self.registry.inc("spool_batches_deferred", reason=reason)
         if self.since is None:
             self.since = time.monotonic()
+            self.registry.set("spool_intake_paused", 1.0)
             log.warning("spool intake paused: the buffer refused a batch (%s: %s); the file "
                         "waits on disk with its progress, and is retried every 0.5 s",
                         getattr(why, "reason", "buffer_full"), why)
 
     def ended(self) -> None:
         if self.since is not None:
+            self.registry.set("spool_intake_paused", 0.0)
             log.info("spool intake resumed after %.0f s and %d refused attempts",
                      time.monotonic() - self.since, self.attempts)
             self.since, self.attempts = None, 0

@@ -453,6 +453,11 @@
     setText("spool-repeated", fmtInt(s.files_duplicate) + " duplicate, " +
       fmtInt(s.files_extended) + " extended (" + fmtInt(s.records_skipped) +
       " records skipped), " + fmtInt(s.files_diverged) + " diverged");
+    var deferred = Object.keys(s.batches_deferred_by_reason).map(function (r) {
+      return r + " " + s.batches_deferred_by_reason[r];
+    });
+    setText("spool-paused", (s.paused ? "yes, waiting for room in the buffer" : "no") +
+      (deferred.length ? " (batches deferred: " + deferred.join(", ") + ")" : ""));
   }
 
   function renderTransactions(doc) {

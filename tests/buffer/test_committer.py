@@ -227,8 +227,8 @@ def test_a_group_too_large_is_refused_while_a_smaller_later_one_succeeds(
 ) -> None:
     results = Results()
     big = [Record("big", b"x" * 400_000) for _ in range(3)]  # 1.2 MB > max_bytes of 1 MB
-    small_committer.submit(big, "spool", results.callback("big"))
-    small_committer.submit([Record("small", b"ok")], "spool",
+    small_committer.submit(big, "socket", results.callback("big"))
+    small_committer.submit([Record("small", b"ok")], "socket",
                            results.callback("small"))
     small_committer.start()
     wait_until(lambda: results.count() == 2, timeout=WAIT, message="both callbacks")
@@ -241,16 +241,30 @@ def test_a_group_too_large_is_refused_while_a_smaller_later_one_succeeds(
     assert small_committer.full
 
     view = registry.view()
-    assert view.total("messages_rejected", source="spool", reason="buffer_full") == 3
-    assert view.total("messages_accepted", source="spool", topic="small") == 1
+    assert view.total("messages_rejected", source="socket", reason="buffer_full") == 3
+    assert view.total("messages_accepted", source="socket", topic="small") == 1
     assert view.total("messages_accepted", topic="big") == 0
     assert view.total("buffer_full") == 1
 
     # A later commit that fits clears the flag.
-    assert isinstance(small_committer.commit([Record("small", b"ok2")], "spool",
+    assert isinstance(small_committer.commit([Record("small", b"ok2")], "socket",
                                              timeout=WAIT), list)
     assert not small_committer.full
     assert registry.view().total("buffer_full") == 0
+
+
+def test_a_spool_group_refused_for_space_is_deferred_not_rejected(
+    small_committer: Committer, registry: Registry
+) -> None:
+    """The spool intake keeps a refused batch in its file and retries it (counted there as
+    spool_batches_deferred): the committer must not count its records as rejected input."""
+    small_committer.start()
+    big = [Record("big", b"x" * 400_000) for _ in range(3)]
+    assert isinstance(small_committer.commit(big, "spool", timeout=WAIT), BufferFull)
+    assert isinstance(small_committer.commit(big, "socket", timeout=WAIT), BufferFull)
+    view = registry.view()
+    assert view.total("messages_rejected", source="spool") == 0
+    assert view.total("messages_rejected", source="socket", reason="buffer_full") == 3
 
 
 def test_a_refused_groups_state_is_not_committed(
@@ -296,7 +310,7 @@ def test_a_group_the_map_cannot_take_is_refused_before_anything_is_written(
         s.max_bytes = 1 << 40  # let the groups past the max_bytes estimate, to the map's cap
         committer = Committer(s, registry=registry, max_pending_bytes=256 * MB)
         results = Results()
-        committer.submit([Record("t", b"x" * MB) for _ in range(70)], "spool",
+        committer.submit([Record("t", b"x" * MB) for _ in range(70)], "http",
                          results.callback("huge"))
         committer.submit([Record("t", b"small")], "socket", results.callback("small"))
         committer.start()
@@ -304,7 +318,7 @@ def test_a_group_the_map_cannot_take_is_refused_before_anything_is_written(
         assert isinstance(results.by_name["huge"], BufferFull)
         assert isinstance(results.by_name["small"], list)
         assert stored_values(s, "t") == [b"small"]
-        assert registry.view().total("messages_rejected", source="spool",
+        assert registry.view().total("messages_rejected", source="http",
                                      reason="buffer_full") == 70
 
 
@@ -319,7 +333,7 @@ def test_a_transaction_the_disk_cannot_take_refuses_every_group_in_it(
         monkeypatch.setattr(s, "_fit_on_disk", lambda txn, need, room: (1 << 62, None))
         committer = Committer(s, registry=registry, max_pending_bytes=256 * MB)
         results = Results()
-        committer.submit([Record("t", b"x" * MB) for _ in range(70)], "spool",
+        committer.submit([Record("t", b"x" * MB) for _ in range(70)], "http",
                          results.callback("huge"))
         committer.submit([Record("t", b"small")], "socket",
                          results.callback("small"))
@@ -330,7 +344,7 @@ def test_a_transaction_the_disk_cannot_take_refuses_every_group_in_it(
         assert committer.full
         assert stored_values(s, "t") == []
         view = registry.view()
-        assert view.total("messages_rejected", source="spool", reason="buffer_full") == 70
+        assert view.total("messages_rejected", source="http", reason="buffer_full") == 70
         assert view.total("messages_rejected", source="socket", reason="buffer_full") == 1
 
 

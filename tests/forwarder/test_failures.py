@@ -78,6 +78,7 @@ def test_an_operator_fixable_error_keeps_the_backlog_flags_it_and_recovers(
     assert doc["health"]["status"] == "critical"
     (problem,) = [p for p in doc["health"]["problems"] if p["check"] == "topic"]
     assert "topic orders" in problem["message"] and name in problem["message"]
+    assert fwd.registry.view().total("topics_stuck") == 1  # what FerryTopicStuck reads
     # The operator fixes it: everything is delivered, and the flag goes.
     run_until(fwd, lambda: (answer_all(local, None) >= 0
                             and not setup.store.topic_stats()), "the backlog to deliver")
@@ -86,6 +87,7 @@ def test_an_operator_fixable_error_keeps_the_backlog_flags_it_and_recovers(
     doc = health(fwd)
     assert next(t for t in doc["topics"] if t["topic"] == "orders")["stuck"] is None
     assert doc["health"]["status"] == "ok", doc["health"]
+    assert fwd.registry.view().total("topics_stuck") == 0
 
 
 @pytest.mark.parametrize("code", [KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_RECORD,

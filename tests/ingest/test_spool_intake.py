@@ -163,10 +163,13 @@ def test_intake_pauses_while_the_buffer_is_full_and_resumes(
         write_spool_file(spool, "big.ferry",
                          [SpoolRecord(unique_topic, b"x" * 1000 + b"%d" % i) for i in range(n)])
         agent.stages[-1].wake()  # type: ignore[attr-defined]
-        wait_until(lambda: agent.registry.view().total("messages_rejected",
-                                                       reason="buffer_full") > 0,
-                   timeout=30, message="the buffer refuses a batch")
+        view = agent.registry.view
+        wait_until(lambda: view().total("spool_batches_deferred", reason="buffer_full") > 1,
+                   timeout=30, message="the buffer refuses a batch, twice")
         assert claimed(spool, "big.ferry").exists()  # the file waits on disk, claimed
+        assert view().total("spool_intake_paused") == 1
+        # Each retry is one more deferral; none is a rejection.
+        assert view().total("messages_rejected", source="spool") == 0
         buffered = sum(s.messages for s in agent.store.topic_stats())
         assert 0 < buffered < n
         broker.start()
@@ -482,15 +485,18 @@ def test_a_full_disk_pauses_the_intake_mid_file_and_it_resumes_when_space_return
         scan = threading.Thread(target=intake.scan_once, daemon=True)
         scan.start()
         wait_until(lambda: intake.registry.view().total(
-            "messages_rejected", source="spool", reason="disk_full") > 0,
+            "spool_batches_deferred", reason="disk_full") > 0,
             timeout=60, message="the full disk refuses a spool batch")
         # paused, the file waiting on disk (claimed)
         assert scan.is_alive() and claimed(intake.dirs[0], "big.ferry").exists()
+        assert intake.registry.view().total("spool_intake_paused") == 1
         partial = len(buffered(intake.store, "t"))
         assert 0 < partial < n
-        refusals = intake.registry.view().total("messages_rejected", source="spool")
-        wait_until(lambda: intake.registry.view().total("messages_rejected", source="spool")
+        refusals = intake.registry.view().total("spool_batches_deferred")
+        wait_until(lambda: intake.registry.view().total("spool_batches_deferred")
                    > refusals, timeout=30, message="the batch refused again")
+        # Waiting records are not refused input: nothing was refused to anyone.
+        assert intake.registry.view().total("messages_rejected", source="spool") == 0
         filler.unlink()
         scan.join(60)
         assert not scan.is_alive(), "the intake did not resume once space returned"
@@ -505,7 +511,8 @@ def test_a_full_disk_pauses_the_intake_mid_file_and_it_resumes_when_space_return
         view = intake.registry.view()
         assert view.total("messages_accepted", source="spool") == n
         assert view.total("spool_files_ingested") == 1
-        assert view.total("messages_rejected", source="spool", reason="buffer_full") == 0
+        assert view.total("messages_rejected", source="spool") == 0
+        assert view.total("spool_intake_paused") == 0
 
 
 class _DeafObserver:

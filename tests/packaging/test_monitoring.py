@@ -38,6 +38,7 @@ REQUIRED_METRICS = {
     "buffer full": "ferry_buffer_full",
     "oldest message age": "ferry_buffer_oldest_age_seconds",
     "cluster down": "ferry_cluster_up",
+    "stuck topic": "ferry_topics_stuck",
     "discards by reason": "ferry_messages_discarded_total",
     "rejected input": "ferry_messages_rejected_total",
     "forwarder restarts": "ferry_process_restarts_total",

@@ -9,6 +9,7 @@ with ``local[2]`` unless a task fails.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -47,6 +48,9 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     spark_writer.register(session)
     yield session
     session.stop()
+    # py4j closes its connections from __del__ at interpreter exit and logs that at INFO,
+    # by then to a stream pytest has closed ("--- Logging error ---" after the summary).
+    logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 @pytest.fixture

@@ -131,6 +131,9 @@ def test_charts_render_and_change_as_messages_flow(
             # A retried Spark task's file came again: only its new records were ingested.
             act.registry.inc("spool_files_extended")
             act.registry.inc("spool_records_skipped", 1200, reason="extension")
+            # The buffer is full: the spool intake waits, its batches deferred.
+            act.registry.set("spool_intake_paused", 1.0)
+            act.registry.inc("spool_batches_deferred", 4, reason="buffer_full")
             # An exactly-once topic: transactions committed, one given up, its progress.
             act.registry.inc("transactions_committed", 7)
             act.registry.inc("transactions_aborted", reason="failed")
@@ -172,6 +175,8 @@ def test_charts_render_and_change_as_messages_flow(
     assert texts(chromium, "#rate-socket") != ["–"]
     assert texts(chromium, "#spool-repeated") == [
         "0 duplicate, 1 extended (1,200 records skipped), 0 diverged"]
+    assert texts(chromium, "#spool-paused") == [
+        "yes, waiting for room in the buffer (batches deferred: buffer_full 4)"]
     assert texts(chromium, "#txn-committed") == ["7"]
     assert texts(chromium, "#txn-aborted") == ["1 (failed 1)"]
     assert texts(chromium, "#txn-progress")[0].startswith("orders ")

@@ -60,6 +60,8 @@ def busy(activity: Activity) -> None:
     activity.registry.inc("spool_files_duplicate")
     activity.registry.inc("spool_files_diverged")
     activity.registry.inc("spool_records_skipped", 30, reason="duplicate")
+    activity.registry.set("spool_intake_paused", 1.0)
+    activity.registry.inc("spool_batches_deferred", 3, reason="disk_full")
 
 
 def test_the_schema_is_a_valid_json_schema() -> None:
@@ -101,6 +103,8 @@ def test_documents_report_what_happened(status_server: StatusServer) -> None:
     assert doc["spool"]["files_pending"] == 4 and doc["spool"]["files_quarantined"] == 1
     assert (doc["spool"]["files_duplicate"], doc["spool"]["files_extended"],
             doc["spool"]["files_diverged"], doc["spool"]["records_skipped"]) == (1, 0, 1, 30)
+    assert doc["spool"]["paused"] is True
+    assert doc["spool"]["batches_deferred_by_reason"] == {"disk_full": 3}
     groups = {(g["kind"], g["reason"]): g for g in doc["discards"]["groups"]}
     assert groups[("discarded", "ttl")]["count"] == 2
     assert len(groups[("discarded", "ttl")]["samples"]) == 2
