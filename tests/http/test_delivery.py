@@ -134,7 +134,7 @@ def test_a_wait_is_settled_by_the_forwarders_datagram_without_a_lookup(tmp_path:
         sender.send([b"t\0" + b, b"t\0" + a])  # buffer keys, as the forwarder has them
         return await first, await second, loop.time() - started, looked_before
 
-    first, second, took, looked_before = run(main())  # type: ignore[misc]
+    first, second, took, looked_before = asyncio.run(main())
     assert first is True and second is True and took < 5.0
     assert looked_before == 1 and len(states.looked) == 1
     watcher.close()
@@ -162,6 +162,31 @@ def test_an_id_acknowledged_before_its_wait_began_is_remembered(tmp_path: Path) 
     sender.close()
 
 
+def test_two_waits_on_one_id_are_both_settled_and_a_timed_out_one_forgotten(
+        tmp_path: Path) -> None:
+    # An idempotent replay waits on the ids of the request it replays, maybe while that
+    # request still waits: one datagram answers both. A wait that timed out leaves nothing
+    # behind to be settled later.
+    a, b = _ids(b"a", b"b")
+    path = tmp_path / "acks.sock"
+    watcher = DeliveryWatcher(States({}), interval=30.0, fallback=30.0, signal_path=path)
+    sender = AckSender(path)
+
+    async def main() -> tuple[bool, bool, bool, int]:
+        first = watcher.watch("t", [a], 20.0)
+        replay = watcher.watch("t", [a], 20.0)
+        late = await watcher.wait("t", [b], 0.01)
+        sender.send([a])
+        answers = await first, await replay
+        await asyncio.sleep(0)  # the futures' done callbacks
+        return *answers, late, watcher.waiting
+
+    assert run(main()) == (True, True, False, 0)
+    assert watcher._by_id == {}
+    watcher.close()
+    sender.close()
+
+
 def test_a_discard_datagram_answers_false_at_once(tmp_path: Path) -> None:
     a, b = _ids(b"a", b"b")
     path = tmp_path / "acks.sock"
@@ -176,7 +201,7 @@ def test_a_discard_datagram_answers_false_at_once(tmp_path: Path) -> None:
         sender.send([a], discarded=[b])
         return await waiting, loop.time() - started
 
-    delivered, took = run(main())  # type: ignore[misc]
+    delivered, took = asyncio.run(main())
     assert delivered is False and took < 5.0
     watcher.close()
     sender.close()
