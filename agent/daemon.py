@@ -25,6 +25,8 @@ from typing import Any, Protocol
 from agent import memory
 from agent.buffer.committer import Committer
 from agent.buffer.store import Store
+from agent.commit_signal import CommitSender
+from agent.commit_signal import socket_path as commit_socket_path
 from agent.config import FerryConfig
 from agent.forwarder import process as forwarder_process
 from agent.metrics import REGISTRY, Registry
@@ -200,7 +202,9 @@ class Agent:
         self.committer = Committer(self.store, registry=registry,
                                    max_batch_messages=config.buffer.commit_max_messages,
                                    linger_ms=config.buffer.commit_interval_ms,
-                                   nice=config.buffer.writer_nice)
+                                   nice=config.buffer.writer_nice,
+                                   committed=CommitSender(
+                                       commit_socket_path(config.buffer.path)).send)
         self.runtime = Runtime(config, self.store, self.committer, registry)
         # Set by a signal (run_until_signalled) or by the forwarder's supervisor giving up.
         self.stop_requested = threading.Event()

@@ -4,6 +4,7 @@
         [--connections 50] [--size 200] [--batch 1000] [--client wrk|python] [--kafka]
         [--dir PATH] [--linger-ms MS] [--switch-interval S] [--no-tune-gc]
     .venv/bin/python bench/bench_http.py --compare [--seconds 10] [--size 200]
+        [--compare-connections 1,50,200] [--producer-linger-ms MS]
 
 The server is Ferry's HTTP stage as in production (``create_app`` + ``HttpServer``: Ferry's
 protocol over httptools' parser, on uvloop) over a real ``Store`` and group ``Committer``
@@ -17,10 +18,13 @@ answer is a 202, i.e. "committed and fsynced". With ``--kafka`` the full agent r
 (``ferry run``, forwarder process, tansu broker) and the topic keeps ack_timeout_ms = 65, so
 answers are 201 when Kafka acknowledged in time: that measures the Hermes-style 201 path.
 
-``--compare`` (issue 18) runs wrk at 50 and 200 connections against one full agent and one
-real broker: the default topic (201 when Kafka acknowledges within ack_timeout_ms = 65) and
-a 202-only topic (ack_timeout_ms = 0), then a do-nothing asyncio server for the floor of
-the CPU a request costs in Python; it prints the per-request CPU of each beside the others.
+``--compare`` (issue 18) runs wrk at 50 and 200 connections (``--compare-connections``; 1
+shows one request's latency alone) against one full agent and one real broker: the default
+topic (201 when Kafka acknowledges within ack_timeout_ms = 65) and a 202-only topic
+(ack_timeout_ms = 0), then a do-nothing asyncio server for the floor of the CPU a request
+costs in Python; it prints the per-request CPU of each beside the others: the agent's ingest
+process (what the do-nothing server compares with) and its forwarder process apart. The
+forwarder runs with the configuration's default linger_ms unless ``--producer-linger-ms``.
 
 Prints requests/s, messages/s, latency percentiles (client-measured), status codes, the
 server's CPU time per request (what other load on the machine cannot inflate much), and
@@ -363,6 +367,13 @@ def main() -> None:
     ap.add_argument("--compare", action="store_true",
                     help="issue 18: wrk at 50 and 200 connections, full agent and broker, "
                     "201 (default) against 202-only, beside a do-nothing asyncio server")
+    ap.add_argument("--compare-connections", default="50,200",
+                    type=lambda text: [int(n) for n in text.split(",")],
+                    help="--compare: the connection counts, comma-separated (1 shows the "
+                    "latency of one request alone)")
+    ap.add_argument("--producer-linger-ms", type=float, default=None,
+                    help="--compare: the forwarder's linger_ms (default: the configuration's "
+                    "default)")
     args = ap.parse_args()
     if args.compare:
         if not _ensure_wrk():
@@ -460,6 +471,28 @@ def _process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def _agent_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds of the agent: its ingest process (HTTP stage, writer) and its children
+    (the forwarder process; the tansu broker is not one of them)."""
+    children = 0.0
+    for child in _children(pid):
+        try:
+            children += _process_cpu(child)
+        except OSError:
+            continue  # it ended meanwhile
+    return _process_cpu(pid), children
+
+
 def _null_server(conn: Connection) -> None:
     """A do-nothing asyncio server on uvloop: answers every request with a canned 202,
     parsing nothing but the end of the headers and Content-Length. The floor of what any
@@ -501,12 +534,15 @@ def _null_server(conn: Connection) -> None:
 def _measured(pid: int, port: int, topic: str, connections: int, args: argparse.Namespace
               ) -> dict[str, Any]:
     args.connections = connections
-    before = _process_cpu(pid)
+    ingest, forwarder = _agent_cpu(pid)
     result = _run_wrk(port, f"/topics/{topic}", b"v" * args.size, "application/octet-stream",
                       args)
-    used = _process_cpu(pid) - before
+    ingest_after, forwarder_after = _agent_cpu(pid)
+    n = max(1, result["requests"])
     result["requests_per_s"] = round(result["requests"] / result["elapsed_s"])
-    result["cpu_us_per_request"] = round(used / max(1, result["requests"]) * 1e6, 1)
+    # The ingest process (HTTP stage and writer): what the do-nothing server compares with.
+    result["cpu_us_per_request"] = round((ingest_after - ingest) / n * 1e6, 1)
+    result["forwarder_cpu_us_per_request"] = round((forwarder_after - forwarder) / n * 1e6, 1)
     return result
 
 
@@ -514,6 +550,7 @@ def _compare(args: argparse.Namespace) -> None:
     """wrk at 50 and 200 connections against one agent and one real broker: the default
     topic (ack_timeout_ms 65: 201 when Kafka acknowledges in time) and a 202-only topic
     (ack_timeout_ms 0), interleaved; then a do-nothing asyncio server for the CPU floor."""
+    from agent.config import ForwarderConfig
     from tests.agent_harness import AgentProcess, wait_drained, write_config
     from tests.kafka import Broker, create_topic, read_topic
 
@@ -522,15 +559,20 @@ def _compare(args: argparse.Namespace) -> None:
             Broker(log_path=Path(tmp) / "tansu.log") as broker:
         for topic in (TOPIC, TOPIC_202):
             create_topic(broker.bootstrap, topic, 8)
+        # The forwarder as configured by default (the test harness lowers linger_ms to 1).
+        linger = (ForwarderConfig().linger_ms if args.producer_linger_ms is None
+                  else args.producer_linger_ms)
         path = write_config(Path(tmp) / "agent", broker.bootstrap,
                             buffer={"max_bytes": 8 * 1024**3},
+                            forwarder={"linger_ms": linger},
                             topics={TOPIC_202: {"ack_timeout_ms": 0}})
+        print(json.dumps({"producer_linger_ms": linger}), flush=True)
         agent = AgentProcess(path).start()
         try:
             assert agent.proc is not None
             pid, port = agent.proc.pid, agent.config.http.port
             acked = 0
-            for connections in (50, 200):
+            for connections in args.compare_connections:
                 for topic, label in ((TOPIC, "201 (default)"), (TOPIC_202, "202-only")):
                     r = _measured(pid, port, topic, connections, args)
                     acked += r["ok"]
@@ -552,7 +594,7 @@ def _compare(args: argparse.Namespace) -> None:
     try:
         port = parent.recv()
         assert null.pid is not None
-        for connections in (50, 200):
+        for connections in args.compare_connections:
             r = _measured(null.pid, port, "null", connections, args)
             rows.append({"server": "do-nothing asyncio", "mode": "-",
                          "connections": connections, **r})
@@ -562,12 +604,13 @@ def _compare(args: argparse.Namespace) -> None:
         null.join(10)
     print()
     print(f"{'server':20} {'mode':14} {'conns':>5} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
-          f"{'CPU us/req':>10} {'201':>8} {'202':>8}")
+          f"{'CPU us/req':>10} {'fwd us/req':>10} {'201':>8} {'202':>8}")
     for r in rows:
         print(f"{r['server']:20} {r['mode']:14} {r['connections']:>5} {r['requests_per_s']:>8} "
               f"{r['p50_ms']:>7} {r['p99_ms']:>7} {r['cpu_us_per_request']:>10} "
+              f"{r['forwarder_cpu_us_per_request']:>10} "
               f"{r['codes']['201']:>8} {r['codes']['202']:>8}")
-    for connections in (50, 200):
+    for connections in args.compare_connections:
         by = {r["mode"]: r for r in rows
               if r["server"] == "ferry" and r["connections"] == connections}
         d, o = by["201 (default)"], by["202-only"]

@@ -101,8 +101,12 @@ class Committer:
         linger_ms: float = 0.0,
         name: str = "ingest",
         nice: int = 0,
+        committed: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
+        # Called on the writer thread after a commit that stored messages (the daemon
+        # wakes the forwarder with it: agent/commit_signal.py).
+        self.committed = committed
         self.registry = registry
         self.max_pending_bytes = max_pending_bytes
         self.max_batch_messages = max_batch_messages
@@ -337,6 +341,8 @@ class Committer:
             except Exception:  # noqa: BLE001 - readiness falls back to the time re-check
                 self._used_at_refusal = 0
         self._account(taken, results, elapsed)
+        if self.committed is not None and any(type(r) is list and r for r in results):
+            self.committed()
         for sub, result in zip(taken, results, strict=True):
             if sub.callback is not None:
                 try:

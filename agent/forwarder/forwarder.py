@@ -37,6 +37,8 @@ from agent.buffer.store import (
     message,
     messages,
 )
+from agent.commit_signal import listen as listen_for_commits
+from agent.commit_signal import socket_path as commit_socket_path
 from agent.config import FerryConfig, TopicConfig
 from agent.forwarder import failures
 from agent.forwarder.clusters import Cluster
@@ -197,6 +199,8 @@ class Forwarder:
         self.store = store
         # Tells the HTTP stage that outcomes were recorded (agent/ack_signal.py).
         self._ack_signal = AckSender(ack_socket_path(config.buffer.path))
+        # New commits wake the idle loop at once (agent/commit_signal.py).
+        self._commits = listen_for_commits(commit_socket_path(config.buffer.path))
         self.registry = registry
         self.discard_log = discard_log or DiscardLog(config.discard_log_path,
                                                      config.buffer.discard_log_max_bytes)
@@ -271,6 +275,13 @@ class Forwarder:
         return worked
 
     def _wait(self, timeout: float) -> None:
+        if self._in_flight == 0 and self._commits is not None:
+            # No delivery report to wait for: wait for the next commit instead, and read
+            # every topic when it comes (agent/commit_signal.py).
+            if self._commits.wait(timeout):
+                for st in self._topics.values():
+                    st.drained_at = 0.0
+            return
         producers = [p for c in self.clusters.values() for p in c._producers.values()]
         if producers:
             producers[0].poll(timeout)
@@ -622,12 +633,15 @@ class Forwarder:
     def _handle_reports(self) -> bool:
         worked = False
         purge: set[tuple[str, str]] = set()
+        acked_ids: list[bytes] = []  # ids (or topic NUL id handles) a cluster acknowledged
         for topic, st in [(t, st) for t, st in self._topics.items() if st.sink]:
-            self._handle_value_reports(topic, st, purge)
+            self._handle_value_reports(topic, st, purge, acked_ids)
             worked = True
         if self._reports:
-            self._handle_flight_reports(purge)
+            self._handle_flight_reports(purge, acked_ids)
             worked = True
+        if acked_ids:
+            self._signal_acknowledged(acked_ids)
         for cluster, acks in purge:
             # Keep per-key order: messages still queued behind a failed one would otherwise
             # reach Kafka as soon as it answers again, ahead of the failed one's retry.
@@ -635,11 +649,17 @@ class Forwarder:
             self.clusters[cluster].purge_queued(acks)
         return worked
 
+    def _signal_acknowledged(self, acked: list[bytes]) -> None:
+        """The one place that tells the HTTP stage which messages a cluster acknowledged:
+        201s waiting for these are answered now (agent/ack_signal.py), whether or not the
+        buffer's delete has committed yet. Called once the reports' outcomes are recorded."""
+        self._ack_signal.send(acked)
+
     def _has_reports(self) -> bool:
         return bool(self._reports) or any(st.sink for st in self._topics.values())
 
     def _handle_value_reports(self, topic: str, st: _TopicState,
-                              purge: set[tuple[str, str]]) -> None:
+                              purge: set[tuple[str, str]], acked_ids: list[bytes]) -> None:
         """The reports of ``topic``'s common-path sends (_send_values), all to the local
         cluster. An acknowledged message goes into its run for the batched delete straight
         from the report, columns at a time; only a failed one becomes a Flight, and then
@@ -663,6 +683,7 @@ class Forwarder:
             # map() where it can be: C calls, no Python code per message. A delivered
             # message always has its partition; its offset may be unknown (None).
             run.ids += mids
+            acked_ids += mids
             run.sizes += map(add, repeat(base + keys.ID_LEN), map(len, values))
             run.partitions += map(_partition, msgs)
             run.offsets += [m.offset() or 0 for m in msgs]
@@ -673,6 +694,7 @@ class Forwarder:
             for mid, v, sent, err, msg in entries:
                 if err is None:
                     run.ids.append(mid)
+                    acked_ids.append(mid)
                     run.sizes.append(base + len(mid) + len(v))
                     run.partitions.append(msg.partition() or 0)
                     run.offsets.append(msg.offset() or 0)
@@ -692,7 +714,8 @@ class Forwarder:
                                           cluster=LOCAL)
             self.clusters[LOCAL].health.acknowledged()
 
-    def _handle_flight_reports(self, purge: set[tuple[str, str]]) -> None:
+    def _handle_flight_reports(self, purge: set[tuple[str, str]],
+                               acked_ids: list[bytes]) -> None:
         # Copied, not swapped: the Flights in flight keep appending to this very list.
         reports = self._reports[:]
         self._reports.clear()
@@ -730,6 +753,7 @@ class Forwarder:
                 run.sizes.append(m.stored_bytes)
                 run.partitions.append(msg.partition() or 0)
                 run.offsets.append(msg.offset() or 0)
+                acked_ids.append(m.id)
                 delivered += 1
                 continue
             if f.done:
@@ -981,7 +1005,10 @@ class Forwarder:
             lv.retry_at = now + DELETE_RETRY_SECONDS
             return
         self._delete_trouble.worked(ready + lv.delivered)
-        self._ack_signal.send()  # 201s waiting for these acknowledgements wake now
+        # Waits for discarded messages end now (202); acknowledged ones were signalled
+        # when their delivery reports came (_handle_reports).
+        self._ack_signal.send((), [o.key for o in lv.outcomes[:ready]
+                                   if o.state == "discarded"])
         self._leaving = _Leaving()
         if ready < len(lv.outcomes):
             rest = self._leaving
@@ -1059,6 +1086,8 @@ class Forwarder:
             self._flush_leaving()
         for c in self.clusters.values():
             c.close(0.5)
+        if self._commits is not None:
+            self._commits.close()
 
     def stats(self) -> dict[str, Any]:
         return {"in_flight": self._in_flight,

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from pathlib import Path
 
-from agent.ack_signal import AckSender
+from agent.ack_signal import DELIVERED, MAX_IDS, AckSender, decode, encode
 from agent.ingest.http.delivery import CompletionBridge, DeliveryWatcher
 
 
@@ -106,36 +107,186 @@ def test_the_bridge_runs_other_threads_posts_on_the_loop_in_order() -> None:
     assert threads == {threading.get_ident()}
 
 
-def test_a_wait_wakes_on_the_forwarders_signal_not_on_a_timer(tmp_path: Path) -> None:
-    """With a signal socket, the watcher looks ids up when the forwarder's AckSender says
-    outcomes were recorded: once at the wait's start, then only on the signal (the fallback
-    round is 30 s away), and the wait ends at once."""
-    states = States({b"a": "buffered"})
+def _ids(*names: bytes) -> list[bytes]:
+    """Message ids (12 bytes) of these short names."""
+    return [n.rjust(12, b"\0") for n in names]
+
+
+def test_a_wait_is_settled_by_the_forwarders_datagram_without_a_lookup(tmp_path: Path) -> None:
+    """With a signal socket, the first wait looks its ids up once (what came before the
+    listener was bound is unknown); after that the datagrams alone settle waits: the
+    fallback round is 30 s away and the tracking table still says "buffered"."""
+    a, b = _ids(b"a", b"b")
+    states = States({a: "buffered", b: "buffered"})
     path = tmp_path / "acks.sock"
     watcher = DeliveryWatcher(states, interval=30.0, fallback=30.0, signal_path=path)
     sender = AckSender(path)
 
-    async def main() -> tuple[bool, float, int]:
+    async def main() -> tuple[bool, bool, float, int]:
         loop = asyncio.get_running_loop()
-        waiting = asyncio.ensure_future(watcher.wait("t", [b"a"], 20.0))
+        first = asyncio.ensure_future(watcher.wait("t", [a], 20.0))
         while not states.looked:  # the first round, right after the wait began
             await asyncio.sleep(0.001)
         looked_before = len(states.looked)
-        states.states[b"a"] = "delivered"
+        second = asyncio.ensure_future(watcher.wait("t", [b], 20.0))
+        await asyncio.sleep(0)
         started = loop.time()
-        sender.send()
-        delivered = await waiting
-        return delivered, loop.time() - started, looked_before
+        sender.send([b"t\0" + b, b"t\0" + a])  # buffer keys, as the forwarder has them
+        return await first, await second, loop.time() - started, looked_before
 
-    delivered, took, looked_before = run(main())  # type: ignore[misc]
-    assert delivered is True and took < 5.0
-    assert looked_before == 1 and len(states.looked) == 2
+    first, second, took, looked_before = asyncio.run(main())
+    assert first is True and second is True and took < 5.0
+    assert looked_before == 1 and len(states.looked) == 1
     watcher.close()
     sender.close()
     assert not path.exists()
 
 
+def test_an_id_acknowledged_before_its_wait_began_is_remembered(tmp_path: Path) -> None:
+    a, b = _ids(b"a", b"b")
+    states = States({a: "buffered", b: "buffered"})
+    path = tmp_path / "acks.sock"
+    watcher = DeliveryWatcher(states, interval=30.0, fallback=30.0, signal_path=path)
+    sender = AckSender(path)
+
+    async def main() -> tuple[bool, bool]:
+        first = watcher.watch("t", [a], 20.0)  # binds the listener
+        sender.send([b])  # b is acknowledged before anyone waits for it
+        sender.send([a])
+        delivered_a = await first
+        return delivered_a, await watcher.wait("t", [b], 20.0)
+
+    assert run(main()) == (True, True)
+    assert b not in states.looked
+    watcher.close()
+    sender.close()
+
+
+def test_two_waits_on_one_id_are_both_settled_and_a_timed_out_one_forgotten(
+        tmp_path: Path) -> None:
+    # An idempotent replay waits on the ids of the request it replays, maybe while that
+    # request still waits: one datagram answers both. A wait that timed out leaves nothing
+    # behind to be settled later.
+    a, b = _ids(b"a", b"b")
+    path = tmp_path / "acks.sock"
+    watcher = DeliveryWatcher(States({}), interval=30.0, fallback=30.0, signal_path=path)
+    sender = AckSender(path)
+
+    async def main() -> tuple[bool, bool, bool, int]:
+        first = watcher.watch("t", [a], 20.0)
+        replay = watcher.watch("t", [a], 20.0)
+        late = await watcher.wait("t", [b], 0.01)
+        sender.send([a])
+        answers = await first, await replay
+        await asyncio.sleep(0)  # the futures' done callbacks
+        return *answers, late, watcher.waiting
+
+    assert run(main()) == (True, True, False, 0)
+    assert watcher._by_id == {}
+    watcher.close()
+    sender.close()
+
+
+def test_a_discard_datagram_answers_false_at_once(tmp_path: Path) -> None:
+    a, b = _ids(b"a", b"b")
+    path = tmp_path / "acks.sock"
+    watcher = DeliveryWatcher(States({}), interval=30.0, fallback=30.0, signal_path=path)
+    sender = AckSender(path)
+
+    async def main() -> tuple[bool, float]:
+        loop = asyncio.get_running_loop()
+        waiting = asyncio.ensure_future(watcher.wait("t", [a, b], 20.0))
+        await asyncio.sleep(0)
+        started = loop.time()
+        sender.send([a], discarded=[b])
+        return await waiting, loop.time() - started
+
+    delivered, took = asyncio.run(main())
+    assert delivered is False and took < 5.0
+    watcher.close()
+    sender.close()
+
+
+def test_a_lost_datagram_is_noticed_by_the_next_and_looked_up(tmp_path: Path) -> None:
+    """The listener's socket buffer is full (its loop was busy), so the datagram that
+    acknowledged ``a`` is dropped by the kernel. The next datagram that arrives shows the
+    gap in the sequence numbers, and the tracking table is looked up at once (the fallback
+    round is 30 s away)."""
+    a, c = _ids(b"a", b"c")
+    states = States({a: "buffered"})
+    path = tmp_path / "acks.sock"
+    watcher = DeliveryWatcher(states, interval=30.0, fallback=30.0, signal_path=path)
+    sender = AckSender(path)
+    filler = [n.to_bytes(12, "big") for n in range(1000, 1000 + 4000)]
+
+    async def main() -> bool:
+        waiting = asyncio.ensure_future(watcher.wait("t", [a], 20.0))
+        while not states.looked:
+            await asyncio.sleep(0.001)
+        # Without yielding to the loop: fill the listener's receive buffer.
+        for _ in range(10_000):
+            if sender.send(filler):
+                break
+        else:
+            raise AssertionError("the listener's receive buffer never filled")
+        states.states[a] = "delivered"
+        assert sender.send([a]) == 1  # dropped by the kernel: the buffer is full
+        # Once the loop has drained the filler, a datagram gets through and shows the gap.
+        for _ in range(10_000):
+            await asyncio.sleep(0.001)
+            if not sender.send([c]):
+                break
+        return await waiting
+
+    assert run(main()) is True
+    assert states.looked.count(a) >= 2
+    watcher.close()
+    sender.close()
+
+
+def test_without_any_datagram_old_waits_are_looked_up_every_fallback(tmp_path: Path) -> None:
+    # A sender that does not signal (the exactly-once topics' transactions): the waits
+    # older than ``fallback`` are looked up every ``fallback`` seconds.
+    a = _ids(b"a")[0]
+    states = States({a: "buffered"})
+    watcher = DeliveryWatcher(states, interval=30.0, fallback=0.01,
+                              signal_path=tmp_path / "acks.sock")
+
+    async def main() -> bool:
+        waiting = asyncio.ensure_future(watcher.wait("t", [a], 20.0))
+        while not states.looked:
+            await asyncio.sleep(0.001)
+        states.states[a] = "delivered"
+        return await waiting
+
+    assert run(main()) is True
+    watcher.close()
+
+
+def test_malformed_datagrams_are_ignored() -> None:
+    assert decode(b"") is None
+    assert decode(b"D" + bytes(8) + bytes(11)) is None  # not a whole id
+    assert decode(b"Q" + bytes(8) + bytes(12)) is None  # no such state
+    acks = decode(encode(DELIVERED, 7, _ids(b"a", b"b")))
+    assert acks is not None and (acks.seq, acks.ids) == (7, _ids(b"a", b"b"))
+
+
+def test_a_large_flush_is_chunked_under_the_datagram_size(tmp_path: Path) -> None:
+    path = tmp_path / "acks.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(path))
+    listener.settimeout(10)
+    sender = AckSender(path)
+    ids = [n.to_bytes(12, "big") for n in range(MAX_IDS * 2 + 5)]
+    sender.send(ids)
+    got = [decode(listener.recv(1 << 20)) for _ in range(3)]
+    assert [a.seq for a in got if a] == [0, 1, 2]
+    assert [i for a in got if a for i in a.ids] == ids
+    sender.close()
+    listener.close()
+
+
 def test_a_signal_nobody_listens_to_is_dropped(tmp_path: Path) -> None:
     sender = AckSender(tmp_path / "nobody.sock")
-    sender.send()  # no error: the forwarder must never fail for want of a listener
+    sender.send([b"t\0" + bytes(12)])  # no error: the forwarder never fails for want of one
     sender.close()

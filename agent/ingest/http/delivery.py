@@ -7,18 +7,26 @@ for all the callbacks that arrive before the loop gets to them, not once per cal
 ``DeliveryWatcher`` answers "did Kafka acknowledge these ids within the topic's
 ack_timeout_ms?", which decides 201 over 202. The forwarder runs in another process and
 removes a message from the buffer once a cluster acknowledged it, writing its outcome to the
-buffer's tracking table, then signals it (agent/ack_signal.py: an empty datagram). The
-watcher wakes on that signal and looks the outcomes up for the ids being waited on, all
-requests together, on one worker thread; without a signal (none can be bound, or one was
-lost) it looks every ``fallback`` seconds. It never blocks the event loop and never holds up
-a request for longer than the request asked to wait.
+buffer's tracking table, then sends the ids it removed, delivered or discarded, in datagrams
+(agent/ack_signal.py). The watcher settles the waits those ids complete right there, on the
+event loop: a dictionary lookup per id, no thread hop, no LMDB read. An id acknowledged
+before its request began to wait (the loop was busy when the datagram came) is found in a
+short memory of recent acknowledgements.
 
-Looking an id up costs microseconds, and at 20,000 requests/s hundreds are waiting at any
-time, so the watcher does not look up every id on every round. Ids of a topic increase with
-acceptance and the forwarder delivers a topic's messages in that order, give or take the
-interleaving of partitions: per topic it checks from the oldest waiting id and stops at the
-first one still buffered. Every ``full_every``-th round it checks them all, so a message
-delivered out of order waits at most that many rounds longer (still within its timeout).
+The tracking table stays the truth and its lookup the fallback, on one worker thread: at
+once when a datagram was lost (a gap in their sequence, a malformed one, or the first wait,
+when what came before the listener was bound is unknown), and every ``fallback`` seconds for
+the waits older than that (a lost last datagram, or a sender that does not signal, e.g. the
+exactly-once topics' transactions). Without a listener (none can be bound) it looks every
+``interval`` seconds. It never blocks the event loop and never holds up a request for longer
+than the request asked to wait.
+
+A lookup costs microseconds and hundreds of requests may wait at once, so a lookup round
+does not look up every id: ids of a topic increase with acceptance and the forwarder delivers
+a topic's messages in that order, give or take the interleaving of partitions, so per topic
+it checks from the oldest waiting id and stops at the first one still buffered. Every
+``full_every``-th round it checks them all, so a message delivered out of order waits at most
+that many rounds longer (still within its timeout).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from agent.ack_signal import AckListener
+from agent.ack_signal import DELIVERED, AckListener, Acks
 from agent.buffer.store import Store
 
 log = logging.getLogger(__name__)
@@ -82,12 +90,14 @@ def store_locate(store: Store) -> Locate:
 
 
 class _Wait:
-    __slots__ = ("topic", "remaining", "future")
+    __slots__ = ("topic", "remaining", "future", "since")
 
-    def __init__(self, topic: str, ids: Sequence[bytes], future: asyncio.Future[bool]) -> None:
+    def __init__(self, topic: str, ids: set[bytes], future: asyncio.Future[bool],
+                 since: float) -> None:
         self.topic = topic
-        self.remaining = set(ids)
+        self.remaining = ids
         self.future = future
+        self.since = since
 
 
 def _settle(future: asyncio.Future[bool], value: bool) -> None:
@@ -107,6 +117,7 @@ class DeliveryWatcher:
         active: Callable[[], bool] = lambda: True,
         signal_path: Path | None = None,
         fallback: float = 0.02,
+        remember: float = 0.5,
     ) -> None:
         self.locate = locate
         self.interval = interval
@@ -114,10 +125,20 @@ class DeliveryWatcher:
         self.active = active
         self.signal_path = signal_path
         self.fallback = fallback
+        self.remember = remember
         self._listener: AckListener | None = None
-        self._signalled: asyncio.Event | None = None
+        # Set when the datagrams cannot be trusted to be complete: look everything up now.
+        self._gap: asyncio.Event | None = None
         self._round = 0
         self._waits: set[_Wait] = set()
+        self._by_id: dict[bytes, list[_Wait]] = {}
+        # Ids signalled in the last ``remember`` to 2 x ``remember`` seconds, two
+        # generations (a set each: adding a datagram's ids is one C call).
+        self._delivered: set[bytes] = set()
+        self._delivered_before: set[bytes] = set()
+        self._discarded: set[bytes] = set()
+        self._discarded_before: set[bytes] = set()
+        self._rotate_at = 0.0
         self._task: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ferry-ack-watch")
 
@@ -133,22 +154,37 @@ class DeliveryWatcher:
         if not ids or timeout <= 0:
             future.set_result(False)
             return future
-        wait = _Wait(topic, ids, future)
+        if self.signal_path is not None and self._listener is None:
+            self._listen(loop)
+        remaining = set(ids)
+        if not (remaining.isdisjoint(self._discarded)
+                and remaining.isdisjoint(self._discarded_before)):
+            future.set_result(False)  # discarded: it will never be acknowledged
+            return future
+        remaining -= self._delivered
+        remaining -= self._delivered_before
+        if not remaining:
+            future.set_result(True)  # acknowledged before the request got to wait
+            return future
+        wait = _Wait(topic, remaining, future, loop.time())
         self._waits.add(wait)
+        by_id = self._by_id
+        for message_id in remaining:
+            waits = by_id.get(message_id)
+            if waits is None:
+                by_id[message_id] = [wait]
+            else:
+                waits.append(wait)  # an idempotent replay waiting on the same id
         timer = loop.call_later(timeout, _settle, future, False)
 
         def done(_: asyncio.Future[bool]) -> None:
             timer.cancel()
             self._waits.discard(wait)
+            for message_id in wait.remaining:
+                self._unlist(message_id, wait)
 
         future.add_done_callback(done)
         if self._task is None or self._task.done():
-            if self.signal_path is not None and self._listener is None:
-                self._listen(loop)
-            if self._signalled is not None:
-                # A first round at once: what was acknowledged before the wait began has
-                # been signalled already.
-                self._signalled.set()
             self._task = loop.create_task(self._poll())
         return future
 
@@ -163,36 +199,65 @@ class DeliveryWatcher:
 
     def _listen(self, loop: asyncio.AbstractEventLoop) -> None:
         assert self.signal_path is not None
-        signalled = self._signalled = asyncio.Event()
+        self._gap = asyncio.Event()
         try:
-            self._listener = AckListener(self.signal_path, loop, signalled.set)
+            self._listener = AckListener(self.signal_path, loop, self._acks, self._gap.set)
         except OSError as exc:
             log.warning("cannot listen for acknowledgement signals at %s (%s); looking up "
                         "acknowledgements every %g s instead", self.signal_path, exc,
                         self.interval)
             self.signal_path = None
-            self._signalled = None
-
-    async def _next_round(self) -> None:
-        """Until the forwarder signals outcomes (or ``fallback`` s); without a signal
-        listener, ``interval`` s."""
-        signalled = self._signalled
-        if signalled is None:
-            await asyncio.sleep(self.interval)
+            self._gap = None
             return
-        if not signalled.is_set():
+        # What was acknowledged before the listener was bound was signalled to nobody.
+        self._gap.set()
+
+    def _acks(self, acks: Acks) -> None:
+        """On the loop: the forwarder says ``acks.ids`` left the buffer."""
+        now = asyncio.get_running_loop().time()
+        if now >= self._rotate_at:
+            self._rotate_at = now + self.remember
+            self._delivered_before, self._delivered = self._delivered, set()
+            self._discarded_before, self._discarded = self._discarded, set()
+        ids = acks.ids
+        delivered = acks.state == DELIVERED
+        (self._delivered if delivered else self._discarded).update(ids)
+        by_id = self._by_id
+        if not by_id:
+            return
+        for message_id in by_id.keys() & ids:
+            for wait in by_id.pop(message_id):
+                if delivered:
+                    wait.remaining.discard(message_id)
+                    if not wait.remaining:
+                        _settle(wait.future, True)
+                else:
+                    _settle(wait.future, False)  # discarded: it will never be acknowledged
+
+    async def _next_round(self) -> bool:
+        """Until a lookup round is due; True when it must look at every wait (a datagram
+        may have been lost), False for only the waits older than ``fallback``."""
+        gap = self._gap
+        if gap is None:
+            await asyncio.sleep(self.interval)
+            return True
+        if not gap.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(signalled.wait(), self.fallback)
-        signalled.clear()
+                await asyncio.wait_for(gap.wait(), self.fallback)
+        lost = gap.is_set()
+        gap.clear()
+        return lost
 
     async def _poll(self) -> None:
         loop = asyncio.get_running_loop()
         while self._waits:
-            await self._next_round()
+            every = await self._next_round()
             if not self.active():
                 self.release_all()
                 continue
-            waits = [w for w in self._waits if not w.future.done()]
+            older = loop.time() - self.fallback
+            waits = [w for w in self._waits
+                     if not w.future.done() and (every or w.since <= older)]
             by_topic: dict[str, set[bytes]] = {}
             for w in waits:
                 by_topic.setdefault(w.topic, set()).update(w.remaining)
@@ -213,11 +278,20 @@ class DeliveryWatcher:
                     s = state.get(message_id)
                     if s == "delivered":
                         w.remaining.discard(message_id)
+                        self._unlist(message_id, w)
                     elif s is not None and s != "buffered":
                         _settle(w.future, False)  # discarded: it will never be acknowledged
                         break
                 if not w.remaining:
                     _settle(w.future, True)
+
+    def _unlist(self, message_id: bytes, wait: _Wait) -> None:
+        waits = self._by_id.get(message_id)
+        if waits is not None:
+            with contextlib.suppress(ValueError):
+                waits.remove(wait)
+            if not waits:
+                del self._by_id[message_id]
 
     def _look(self, by_topic: dict[str, set[bytes]], full: bool) -> dict[bytes, str | None]:
         """On the worker thread: the state of the ids worth looking at this round."""
