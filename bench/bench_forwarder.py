@@ -31,7 +31,7 @@ from confluent_kafka import KafkaError, Message, Producer
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.buffer.store import Store  # noqa: E402
-from agent.config import FerryConfig, load_config  # noqa: E402
+from agent.config import FerryConfig, ForwarderConfig, load_config  # noqa: E402
 from agent.forwarder.clusters import producer_config  # noqa: E402
 from agent.forwarder.forwarder import Forwarder  # noqa: E402
 from agent.forwarder.process import GC_GEN0_THRESHOLD  # noqa: E402
@@ -92,6 +92,14 @@ def plain_producer(bootstrap: str, cfg: FerryConfig, topics: list[str], messages
     return acked[0], took, cpu
 
 
+def _forwarder_settings(args: argparse.Namespace) -> dict[str, float]:
+    """[forwarder] as a user gets it, unless --producer-linger-ms says otherwise (the tests'
+    config helper sets linger_ms = 1, which is not the default)."""
+    linger = ForwarderConfig().linger_ms if args.producer_linger_ms is None \
+        else args.producer_linger_ms
+    return {"linger_ms": linger}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=300_000)
@@ -99,6 +107,8 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=200)
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--producer-linger-ms", type=float, default=None,
+                    help="forwarder.linger_ms (default: the shipped default)")
     ap.add_argument("--no-baseline", action="store_true",
                     help="skip the plain-producer baseline")
     ap.add_argument("--no-tune-gc", action="store_true",
@@ -110,7 +120,7 @@ def main() -> None:
             create_topic(broker.bootstrap, t, 8)
         cfg = load_config(write_config(Path(tmp), broker.bootstrap, http=False,
                                        buffer={"max_bytes": 8 * 1024**3},
-                                       forwarder={"linger_ms": 5}))
+                                       forwarder=_forwarder_settings(args)))
         value = b"v" * args.size
         with Store(cfg.buffer.path, cfg.buffer.max_bytes) as store:
             t0 = time.perf_counter()
@@ -146,7 +156,8 @@ def main() -> None:
             for c in forwarder.clusters.values():
                 c.close(5.0)
         print(f"machine: {os.cpu_count()} cores; {args.messages} x {args.size} B over "
-              f"{args.topics} topics (buffer filled in {fill:.1f} s)")
+              f"{args.topics} topics (buffer filled in {fill:.1f} s); "
+              f"forwarder.linger_ms {cfg.forwarder.linger_ms:g}")
         print(f"delivered and removed: {delivered:.0f} in {took:.2f} s = "
               f"{delivered / took:,.0f} msg/s")
         print(f"forwarder process CPU: {cpu:.2f} s = {cpu / max(delivered, 1) * 1e6:.1f} us "

@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.config import load_config  # noqa: E402
+from agent.config import ForwarderConfig, load_config  # noqa: E402
 from agent.daemon import Agent  # noqa: E402
 from agent.metrics import Registry  # noqa: E402
 from ferry_client import FerryClient  # noqa: E402
@@ -139,11 +139,21 @@ def _percentiles(label: str, values: list[float]) -> str:
 QLEN = Path("/proc/sys/net/unix/max_dgram_qlen")
 
 
+def _forwarder_settings(args: argparse.Namespace) -> dict[str, float]:
+    """[forwarder] as a user gets it, unless --producer-linger-ms says otherwise (the tests'
+    config helper sets linger_ms = 1, which is not the default)."""
+    linger = ForwarderConfig().linger_ms if args.producer_linger_ms is None \
+        else args.producer_linger_ms
+    return {"linger_ms": linger}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--senders", type=int, default=2)
     ap.add_argument("--size", type=int, default=200)
+    ap.add_argument("--producer-linger-ms", type=float, default=None,
+                    help="forwarder.linger_ms (default: the shipped default)")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--client-encode", action="store_true",
                     help="senders encode each datagram with FerryClient.send (default: once)")
@@ -173,7 +183,7 @@ def run(args: argparse.Namespace) -> None:
         create_topic(broker.bootstrap, topic, 8)
         cfg = load_config(write_config(Path(tmp), broker.bootstrap, http=False,
                                        buffer={"max_bytes": 8 * 1024**3},
-                                       forwarder={"linger_ms": 5}))
+                                       forwarder=_forwarder_settings(args)))
         registry = Registry()
         agent = Agent(cfg, registry=registry)
         commit_seconds = time_commits(agent)
@@ -242,7 +252,7 @@ def run(args: argparse.Namespace) -> None:
         end = accepted_at or time.perf_counter()
         print(f"machine: {os.cpu_count()} cores; messages: {total} x {args.size} B; "
               f"senders: {args.senders}; net.unix.max_dgram_qlen: {QLEN.read_text().strip()}; "
-              f"writer thread nice: {writer_nice}")
+              f"writer thread nice: {writer_nice}; forwarder.linger_ms {cfg.forwarder.linger_ms:g}")
         print(f"accepted: {acc:.0f} in {end - t0:.2f} s = {acc / (end - t0):,.0f} msg/s")
         print(f"rejected: {rej:.0f}; lost (sent - accepted - rejected): {total - acc - rej:.0f}")
         print(f"commits: {h.count}; commit latency p50 <= {(h.quantile(0.5) or 0) * 1000:.1f} ms,"
