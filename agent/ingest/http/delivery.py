@@ -5,11 +5,12 @@ event loop. One group commit completes many requests at once; the bridge wakes t
 for all the callbacks that arrive before the loop gets to them, not once per callback.
 
 ``DeliveryWatcher`` answers "did Kafka acknowledge these ids within the topic's
-ack_timeout_ms?", which decides 201 over 202. The forwarder runs in another process and
-removes a message from the buffer once a cluster acknowledged it, writing its outcome to the
-buffer's tracking table, then sends the ids it removed, delivered or discarded, in datagrams
-(agent/ack_signal.py). The watcher settles the waits those ids complete right there, on the
-event loop: a dictionary lookup per id, no thread hop, no LMDB read. An id acknowledged
+ack_timeout_ms?", which decides 201 over 202. The forwarder runs in another process: it
+sends the ids a cluster acknowledged in datagrams as their delivery reports come, and the ids
+it discarded once they are in the discard log (agent/ack_signal.py); it removes them from
+the buffer, writing their outcomes to the buffer's tracking table, in batched commits. The
+watcher settles the waits those ids complete right there, on the event loop: a dictionary
+lookup per id, no thread hop, no LMDB read. An id acknowledged
 before its request began to wait (the loop was busy when the datagram came) is found in a
 short memory of recent acknowledgements.
 
