@@ -27,6 +27,7 @@ import logging
 import os
 import socket
 import struct
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +81,9 @@ class AckSender:
         self.path = str(path)
         self._sock: socket.socket | None = None
         self._seq = 0
+        # The forwarder's loop and its exactly-once thread share one sender: one sequence,
+        # so the listener sees a gap only where a datagram was really lost.
+        self._lock = threading.Lock()
 
     def send(self, delivered: Iterable[bytes], discarded: Iterable[bytes] = ()) -> int:
         """Signal that the messages of these buffer keys (``topic NUL id``) or ids left the
@@ -89,8 +93,10 @@ class AckSender:
         for state, keys in ((DELIVERED, delivered), (DISCARDED, discarded)):
             ids = [k[-ID_LEN:] for k in keys]
             for start in range(0, len(ids), MAX_IDS):
-                dropped += not self._send(encode(state, self._seq, ids[start:start + MAX_IDS]))
-                self._seq += 1  # also when the send failed: the gap tells the listener
+                with self._lock:
+                    dropped += not self._send(encode(state, self._seq,
+                                                     ids[start:start + MAX_IDS]))
+                    self._seq += 1  # also when the send failed: the gap tells the listener
         return dropped
 
     def _send(self, datagram: bytes) -> bool:

@@ -247,7 +247,8 @@ class Forwarder:
         self.exactly_once = ExactlyOnce(config, store, registry=registry,
                                         topic_settings=self.topic_settings,
                                         cluster=self.clusters[LOCAL],
-                                        discard_log=self.discard_log)
+                                        discard_log=self.discard_log,
+                                        signal=self._ack_signal.send)
 
     def start_probing(self) -> None:
         """Every cluster's state from probes, from now on, with or without traffic."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,8 +79,13 @@ class ExactlyOnce:
         topic_settings: Callable[[str], TopicConfig],
         cluster: Cluster,
         discard_log: DiscardLog,
+        signal: Callable[[Iterable[bytes], Iterable[bytes]], object] | None = None,
     ) -> None:
         fwd = config.forwarder
+        # Tells the HTTP stage which messages were committed (delivered) or discarded, as
+        # the forwarder's loop does for the other topics (agent/ack_signal.py): a 201
+        # waiting for an exactly-once message is answered when its transaction commits.
+        self._signal = signal
         self.store = store
         self.registry = registry
         self.topic_settings = topic_settings
@@ -271,6 +276,7 @@ class ExactlyOnce:
                 _, oks = self.store.remove_many((), [run])
                 n = sum(oks[0])
                 removed += n
+                self._signal_outcomes(run.ids, ())  # in Kafka: committed before
                 self.registry.inc("messages_delivered", n, topic=topic, cluster=CLUSTER)
             if done or len(batch) < READ_BATCH:
                 return removed
@@ -330,8 +336,11 @@ class ExactlyOnce:
             self._in_transaction = True
             self._commit(p, batches, started)
             self._in_transaction = False
+            self._signal_outcomes([i for b in batches.values() for i in b.run.ids], ())
         runs = [b.run for b in batches.values()]
         self.store.remove_many(outcomes, runs)
+        if outcomes:
+            self._signal_outcomes((), [o.key for o in outcomes if o.state == "discarded"])
         self._backoff = RETRY_INITIAL
         for topic, b in batches.items():
             self.registry.inc("messages_delivered", len(b.run.ids), topic=topic,
@@ -359,6 +368,10 @@ class ExactlyOnce:
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         self._reports.append((err, msg))
+
+    def _signal_outcomes(self, delivered: Iterable[bytes], discarded: Iterable[bytes]) -> None:
+        if self._signal is not None:
+            self._signal(delivered, discarded)
 
     def _commit(self, p: Producer, batches: dict[str, _Batch], started: float) -> None:
         left = p.flush(CALL_TIMEOUT)

@@ -4,6 +4,7 @@ API, delivery to a read_committed reader, ``GET /messages/{id}``, status and met
 from __future__ import annotations
 
 import json
+import socket
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -12,8 +13,10 @@ from typing import Any
 import httpx
 import pytest
 
+from agent import ack_signal
 from agent.config import ConfigError, TopicConfig, load_config
 from agent.forwarder.progress import Progress, agent_identity, tag
+from ferry_client import FerryClient
 from status.schema import validator
 from tests.agent_harness import AgentProcess, write_config
 from tests.kafka import Broker, read_topic
@@ -125,3 +128,51 @@ def test_management_api_defines_exactly_once_topics(
     records = read_topic(broker.bootstrap, "eo-api", 30, read_committed=True)
     assert [r.value for r in records] == [b"via the api"]
     assert records[0].header("ferry-id")  # sent by the transactional path
+
+
+def test_committed_transactions_are_signalled_to_the_http_stage(
+    tmp_path: Path, broker: Broker, unique_topic: str
+) -> None:
+    """A 201 waiting for an exactly-once message is answered when its transaction commits:
+    the exactly-once thread signals the committed ids on acks.sock as the forwarder's loop
+    does for other topics, on the same sequence, so the HTTP stage sees no false gap. The
+    agent has no HTTP listener here, so the test holds the socket and reads what comes."""
+    root = tmp_path / "agent"
+    config = write_config(root, broker.bootstrap, http=False,
+                          topics={unique_topic: {"delivery": "exactly_once", "acks": "all"}},
+                          forwarder={"agent_id": "eo-signal", "transaction_interval_ms": 20})
+    (root / "buffer").mkdir(parents=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(ack_signal.socket_path(root / "buffer")))
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+    listener.settimeout(0)
+    values = [b"signal-%03d" % i for i in range(300)]
+    signalled: list[ack_signal.Acks] = []
+
+    def read_datagrams() -> int:
+        while True:
+            try:
+                got = ack_signal.decode(listener.recv(1 << 20))
+            except BlockingIOError:
+                break
+            assert got is not None, "a malformed acknowledgement datagram"
+            signalled.append(got)
+        return sum(len(a.ids) for a in signalled)
+
+    try:
+        with AgentProcess(config) as agent:
+            with FerryClient(agent.socket_path) as client:
+                for v in values:
+                    client.send(unique_topic, v)
+            wait_until(lambda: read_datagrams() >= len(values), timeout=30,
+                       message="every committed message signalled")
+    finally:
+        listener.close()
+    delivered = [i for a in signalled if a.state == ack_signal.DELIVERED for i in a.ids]
+    assert len(delivered) == len(set(delivered)) == len(values)
+    assert [a.seq for a in signalled] == list(range(len(signalled)))  # no gap, no repeat
+    # They are the ids of exactly the messages the transactions committed.
+    records = read_topic(broker.bootstrap, unique_topic, 30, read_committed=True)
+    assert sorted(r.value for r in records) == values
+    committed = {r.header("ferry-id") for r in records}
+    assert {b"eo-signal:" + i.hex().encode() for i in delivered} == committed

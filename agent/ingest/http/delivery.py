@@ -17,10 +17,9 @@ short memory of recent acknowledgements.
 The tracking table stays the truth and its lookup the fallback, on one worker thread: at
 once when a datagram was lost (a gap in their sequence, a malformed one, or the first wait,
 when what came before the listener was bound is unknown), and every ``fallback`` seconds for
-the waits older than that (a lost last datagram, or a sender that does not signal, e.g. the
-exactly-once topics' transactions). Without a listener (none can be bound) it looks every
-``interval`` seconds. It never blocks the event loop and never holds up a request for longer
-than the request asked to wait.
+the waits older than that (a lost last datagram). Without a listener (none can be bound) it
+looks every ``interval`` seconds. It never blocks the event loop and never holds up a request
+for longer than the request asked to wait.
 
 A lookup costs microseconds and hundreds of requests may wait at once, so a lookup round
 does not look up every id: ids of a topic increase with acceptance and the forwarder delivers
