@@ -200,7 +200,7 @@ def render(doc: dict[str, Any], verdict: dict[str, Any], code: int) -> str:
     pending = "" if sp["files_pending"] is None else f"{_n(sp['files_pending'])} files pending, "
     lines.append(f"Spool:     {pending}{_n(sp['files_ingested'])} files ingested, "
                  f"{_n(sp['files_quarantined'])} quarantined"
-                 + (", paused: waiting for room in the buffer" if sp["paused"] else ""))
+                 + (", paused: waiting for room in the buffer" if sp.get("paused") else ""))
     notable = [t for t in doc["topics"] if t["buffered"] or t["last_error"] or t["stuck"]]
     if notable:
         lines.append("Topics with buffered messages or errors:")
