@@ -30,6 +30,8 @@ from confluent_kafka import KafkaError, Message, Producer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import hostspeed  # noqa: E402  (bench/, the script's own directory)
+
 from agent.buffer.store import Store  # noqa: E402
 from agent.config import FerryConfig, ForwarderConfig, load_config  # noqa: E402
 from agent.forwarder.clusters import producer_config  # noqa: E402
@@ -114,6 +116,8 @@ def main() -> None:
     ap.add_argument("--no-tune-gc", action="store_true",
                     help="keep CPython's GC defaults (the forwarder process tunes them)")
     args = ap.parse_args()
+    # Before any load: how fast this host is now (bench/hostspeed.py).
+    print(hostspeed.describe(Path(tempfile.gettempdir())), flush=True)
     topics = [f"fwd-bench-{i}" for i in range(args.topics)]
     with tempfile.TemporaryDirectory() as tmp, Broker(log_path=Path(tmp) / "tansu.log") as broker:
         for t in topics:

@@ -52,6 +52,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import hostspeed  # noqa: E402  (bench/, the script's own directory)
+
 TOPIC = "bench"
 _LENGTH = re.compile(rb"content-length: *(\d+)", re.IGNORECASE)
 
@@ -355,7 +357,7 @@ def main() -> None:
     ap.add_argument("--dir", default=str(Path(__file__).resolve().parent.parent),
                     help="where the buffer lives (its disk decides the fsync cost)")
     ap.add_argument("--linger-ms", type=float, default=None,
-                    help="the group commit's linger (default: buffer.commit_interval_ms, 2)")
+                    help="the group commit's linger (default: buffer.commit_interval_ms, 0)")
     ap.add_argument("--switch-interval", type=float, default=None,
                     help="sys.setswitchinterval() of the server process (default: what "
                     "HttpServer sets, agent.ingest.http.server.SWITCH_INTERVAL)")
@@ -375,6 +377,8 @@ def main() -> None:
                     help="--compare: the forwarder's linger_ms (default: the configuration's "
                     "default)")
     args = ap.parse_args()
+    # Before any load: how fast this host is now (bench/hostspeed.py).
+    print(hostspeed.describe(Path(args.dir)), flush=True)
     if args.compare:
         if not _ensure_wrk():
             sys.exit("bench_http --compare needs wrk (Debian package wrk)")
@@ -531,18 +535,28 @@ def _null_server(conn: Connection) -> None:
     uvloop.run(run())
 
 
-def _measured(pid: int, port: int, topic: str, connections: int, args: argparse.Namespace
-              ) -> dict[str, Any]:
+def _measured(pid: int, port: int, topic: str, connections: int, args: argparse.Namespace,
+              broker_pid: int | None = None) -> dict[str, Any]:
     args.connections = connections
     ingest, forwarder = _agent_cpu(pid)
+    broker = _process_cpu(broker_pid) if broker_pid else 0.0
+    client = resource.getrusage(resource.RUSAGE_CHILDREN)
     result = _run_wrk(port, f"/topics/{topic}", b"v" * args.size, "application/octet-stream",
                       args)
     ingest_after, forwarder_after = _agent_cpu(pid)
+    broker_after = _process_cpu(broker_pid) if broker_pid else 0.0
+    client_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     n = max(1, result["requests"])
     result["requests_per_s"] = round(result["requests"] / result["elapsed_s"])
     # The ingest process (HTTP stage and writer): what the do-nothing server compares with.
     result["cpu_us_per_request"] = round((ingest_after - ingest) / n * 1e6, 1)
     result["forwarder_cpu_us_per_request"] = round((forwarder_after - forwarder) / n * 1e6, 1)
+    # Where the rest of the two cores went: the broker, and wrk (the only child that ends
+    # during the run, so the children's usage delta is its own).
+    result["broker_cpu_us_per_request"] = round((broker_after - broker) / n * 1e6, 1)
+    wrk = (client_after.ru_utime + client_after.ru_stime
+           - client.ru_utime - client.ru_stime)
+    result["wrk_cpu_us_per_request"] = round(wrk / n * 1e6, 1)
     return result
 
 
@@ -574,7 +588,7 @@ def _compare(args: argparse.Namespace) -> None:
             acked = 0
             for connections in args.compare_connections:
                 for topic, label in ((TOPIC, "201 (default)"), (TOPIC_202, "202-only")):
-                    r = _measured(pid, port, topic, connections, args)
+                    r = _measured(pid, port, topic, connections, args, broker.pid)
                     acked += r["ok"]
                     rows.append({"server": "ferry", "mode": label,
                                  "connections": connections, **r})
@@ -604,11 +618,13 @@ def _compare(args: argparse.Namespace) -> None:
         null.join(10)
     print()
     print(f"{'server':20} {'mode':14} {'conns':>5} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
-          f"{'CPU us/req':>10} {'fwd us/req':>10} {'201':>8} {'202':>8}")
+          f"{'CPU us/req':>10} {'fwd us/req':>10} {'broker':>7} {'wrk':>5} "
+          f"{'201':>8} {'202':>8}")
     for r in rows:
         print(f"{r['server']:20} {r['mode']:14} {r['connections']:>5} {r['requests_per_s']:>8} "
               f"{r['p50_ms']:>7} {r['p99_ms']:>7} {r['cpu_us_per_request']:>10} "
               f"{r['forwarder_cpu_us_per_request']:>10} "
+              f"{r['broker_cpu_us_per_request']:>7} {r['wrk_cpu_us_per_request']:>5} "
               f"{r['codes']['201']:>8} {r['codes']['202']:>8}")
     for connections in args.compare_connections:
         by = {r["mode"]: r for r in rows

@@ -35,6 +35,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import hostspeed  # noqa: E402  (bench/, the script's own directory)
+
 from agent.config import ForwarderConfig, load_config  # noqa: E402
 from agent.daemon import Agent  # noqa: E402
 from agent.metrics import Registry  # noqa: E402
@@ -161,6 +163,8 @@ def main() -> None:
                     help="set net.unix.max_dgram_qlen for the run (needs root); "
                          "the packages use 4096")
     args = ap.parse_args()
+    # Before any load: how fast this host is now (bench/hostspeed.py).
+    print(hostspeed.describe(Path(tempfile.gettempdir())), flush=True)
     old_qlen = int(QLEN.read_text())
     if args.dgram_qlen is not None:
         try:
