@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
 from pathlib import Path
 
-from agent.ack_signal import DELIVERED, MAX_IDS, AckSender, decode, encode
+import pytest
+
+from agent.ack_signal import DELIVERED, DISCARDED, MAX_IDS, Acks, AckSender, decode, encode
 from agent.ingest.http.delivery import CompletionBridge, DeliveryWatcher
 
 
@@ -290,3 +293,98 @@ def test_a_signal_nobody_listens_to_is_dropped(tmp_path: Path) -> None:
     sender = AckSender(tmp_path / "nobody.sock")
     sender.send([b"t\0" + bytes(12)])  # no error: the forwarder never fails for want of one
     sender.close()
+
+
+def test_a_callback_wait_is_answered_inside_the_datagrams_own_callback(tmp_path: Path) -> None:
+    # watch_call (the 201 path) answers while the datagram is being handled: no future, no
+    # further loop iteration between Kafka's acknowledgement reaching the loop and the 201.
+    a, b = _ids(b"a", b"b")
+    watcher = DeliveryWatcher(States({}), interval=30.0, fallback=30.0,
+                              signal_path=tmp_path / "acks.sock")
+    answers: list[tuple[str, bool]] = []
+
+    async def main() -> list[tuple[str, bool]]:
+        watcher.watch_call("t", [a, b], 20.0, lambda ok: answers.append(("ab", ok)))
+        watcher._acks(Acks(DELIVERED, 0, [a]))
+        assert answers == []  # b is still out
+        watcher._acks(Acks(DELIVERED, 1, [b]))
+        seen = list(answers)  # before any await: answered in that very call
+        return seen
+
+    assert run(main()) == [("ab", True)]
+    assert watcher.waiting == 0 and watcher._by_id == {}
+    watcher.close()
+
+
+def test_a_discard_of_every_id_of_a_wait_answers_it_once(tmp_path: Path) -> None:
+    # Ending a wait unlists its other ids; the same datagram then names them too.
+    a, b = _ids(b"a", b"b")
+    watcher = DeliveryWatcher(States({}), interval=30.0, fallback=30.0,
+                              signal_path=tmp_path / "acks.sock")
+    answers: list[bool] = []
+
+    async def main() -> None:
+        watcher.watch_call("t", [a, b], 20.0, answers.append)
+        watcher.watch_call("t", [b], 20.0, answers.append)
+        watcher._acks(Acks(DISCARDED, 0, [a, b]))
+
+    run(main())
+    assert answers == [False, False]
+    assert watcher.waiting == 0 and watcher._by_id == {}
+    watcher.close()
+
+
+def test_an_answer_that_fails_does_not_keep_the_others_waiting(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    a, = _ids(b"a")
+    watcher = DeliveryWatcher(States({}), interval=30.0, fallback=30.0,
+                              signal_path=tmp_path / "acks.sock")
+    answers: list[bool] = []
+
+    def broken(ok: bool) -> None:
+        raise RuntimeError("the connection's reply failed")
+
+    async def main() -> None:
+        watcher.watch_call("t", [a], 20.0, broken)
+        watcher.watch_call("t", [a], 20.0, answers.append)
+        watcher._acks(Acks(DELIVERED, 0, [a]))
+
+    with caplog.at_level(logging.ERROR, logger="agent.ingest.http.delivery"):
+        run(main())
+    assert answers == [True]
+    assert "answering a request that waited for Kafka failed" in caplog.text
+    watcher.close()
+
+
+def test_a_callback_wait_times_out_with_false_and_leaves_nothing_behind() -> None:
+    watcher = DeliveryWatcher(States({}), interval=30.0, fallback=30.0)
+    answers: list[bool] = []
+
+    async def main() -> None:
+        done = asyncio.Event()
+
+        def on_done(ok: bool) -> None:
+            answers.append(ok)
+            done.set()
+
+        watcher.watch_call("t", [b"a" * 12], 0.01, on_done)
+        await asyncio.wait_for(done.wait(), 5.0)
+
+    run(main())
+    assert answers == [False]
+    assert watcher.waiting == 0 and watcher._by_id == {}
+    watcher.close()
+
+
+def test_a_cancelled_future_wait_is_forgotten() -> None:
+    watcher = DeliveryWatcher(States({}), interval=30.0, fallback=30.0)
+
+    async def main() -> int:
+        future = watcher.watch("t", [b"a" * 12], 20.0)
+        future.cancel()
+        await asyncio.sleep(0)  # its done callback
+        return watcher.waiting
+
+    assert run(main()) == 0
+    assert watcher._by_id == {}
+    watcher.close()

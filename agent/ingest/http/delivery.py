@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -47,6 +48,13 @@ log = logging.getLogger(__name__)
 
 # What became of one id: "delivered", "discarded", "buffered", or None (not known yet).
 Locate = Callable[[bytes], str | None]
+
+
+def _answer(on_done: Callable[[bool], None], value: bool) -> None:
+    try:
+        on_done(value)
+    except Exception:  # noqa: BLE001 - one bad answer must not keep the others waiting
+        log.exception("answering a request that waited for Kafka failed")
 
 
 class CompletionBridge:
@@ -90,14 +98,16 @@ def store_locate(store: Store) -> Locate:
 
 
 class _Wait:
-    __slots__ = ("topic", "remaining", "future", "since")
+    __slots__ = ("topic", "remaining", "on_done", "since", "timer", "ended")
 
-    def __init__(self, topic: str, ids: set[bytes], future: asyncio.Future[bool],
+    def __init__(self, topic: str, ids: set[bytes], on_done: Callable[[bool], None],
                  since: float) -> None:
         self.topic = topic
         self.remaining = ids
-        self.future = future
+        self.on_done = on_done
         self.since = since
+        self.timer: asyncio.TimerHandle | None = None
+        self.ended = False
 
 
 def _settle(future: asyncio.Future[bool], value: bool) -> None:
@@ -148,25 +158,37 @@ class DeliveryWatcher:
         return await self.watch(topic, ids, timeout)
 
     def watch(self, topic: str, ids: Sequence[bytes], timeout: float) -> asyncio.Future[bool]:
-        """``wait`` as a future, for callers on callbacks (cancelling it ends the wait)."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[bool] = loop.create_future()
+        """``wait`` as a future (cancelling it ends the wait)."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        wait = self.watch_call(topic, ids, timeout, functools.partial(_settle, future))
+        if wait is not None:
+            future.add_done_callback(functools.partial(self._future_done, wait))
+        return future
+
+    def watch_call(self, topic: str, ids: Sequence[bytes], timeout: float,
+                   on_done: Callable[[bool], None]) -> _Wait | None:
+        """``wait`` for callers on callbacks: ``on_done(delivered)`` is called once, on the
+        loop, as soon as the answer is known (at once if it already is, and then None is
+        returned). No future and no extra loop iteration: a 201 is written in the same
+        callback that read the forwarder's datagram."""
         if not ids or timeout <= 0:
-            future.set_result(False)
-            return future
+            on_done(False)
+            return None
+        loop = asyncio.get_running_loop()
         if self.signal_path is not None and self._listener is None:
             self._listen(loop)
         remaining = set(ids)
         if not (remaining.isdisjoint(self._discarded)
                 and remaining.isdisjoint(self._discarded_before)):
-            future.set_result(False)  # discarded: it will never be acknowledged
-            return future
+            on_done(False)  # discarded: it will never be acknowledged
+            return None
         remaining -= self._delivered
         remaining -= self._delivered_before
         if not remaining:
-            future.set_result(True)  # acknowledged before the request got to wait
-            return future
-        wait = _Wait(topic, remaining, future, loop.time())
+            on_done(True)  # acknowledged before the request got to wait
+            return None
+        wait = _Wait(topic, remaining, on_done, loop.time())
+        wait.timer = loop.call_later(timeout, self._finish, wait, False)
         self._waits.add(wait)
         by_id = self._by_id
         for message_id in remaining:
@@ -175,18 +197,29 @@ class DeliveryWatcher:
                 by_id[message_id] = [wait]
             else:
                 waits.append(wait)  # an idempotent replay waiting on the same id
-        timer = loop.call_later(timeout, _settle, future, False)
-
-        def done(_: asyncio.Future[bool]) -> None:
-            timer.cancel()
-            self._waits.discard(wait)
-            for message_id in wait.remaining:
-                self._unlist(message_id, wait)
-
-        future.add_done_callback(done)
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._poll())
-        return future
+        return wait
+
+    def _future_done(self, wait: _Wait, future: asyncio.Future[bool]) -> None:
+        if future.cancelled():
+            self._end(wait)  # the caller gave up: forget the wait, answer nobody
+
+    def _end(self, wait: _Wait) -> bool:
+        """Forget ``wait`` (its timer, its ids); False if it had ended already."""
+        if wait.ended:
+            return False
+        wait.ended = True
+        if wait.timer is not None:
+            wait.timer.cancel()
+        self._waits.discard(wait)
+        for message_id in wait.remaining:
+            self._unlist(message_id, wait)
+        return True
+
+    def _finish(self, wait: _Wait, value: bool) -> None:
+        if self._end(wait):
+            _answer(wait.on_done, value)
 
     @property
     def waiting(self) -> int:
@@ -195,7 +228,7 @@ class DeliveryWatcher:
     def release_all(self) -> None:
         """Answer every wait with "not delivered" now (shutdown: 202 rather than wait)."""
         for wait in list(self._waits):
-            _settle(wait.future, False)
+            self._finish(wait, False)
 
     def _listen(self, loop: asyncio.AbstractEventLoop) -> None:
         assert self.signal_path is not None
@@ -225,14 +258,23 @@ class DeliveryWatcher:
         by_id = self._by_id
         if not by_id:
             return
+        # The waits are ended first and answered after: an answer may run other code of
+        # the loop's (the next request of a pipelining client), never in the middle of this.
+        answers: list[tuple[Callable[[bool], None], bool]] = []
         for message_id in by_id.keys() & ids:
-            for wait in by_id.pop(message_id):
+            # pop with a default: ending a wait unlists its other ids, which may empty them.
+            for wait in by_id.pop(message_id, ()):
+                if wait.ended:
+                    continue
                 if delivered:
                     wait.remaining.discard(message_id)
-                    if not wait.remaining:
-                        _settle(wait.future, True)
-                else:
-                    _settle(wait.future, False)  # discarded: it will never be acknowledged
+                    if not wait.remaining and self._end(wait):
+                        answers.append((wait.on_done, True))
+                elif self._end(wait):
+                    # Discarded: it will never be acknowledged.
+                    answers.append((wait.on_done, False))
+        for on_done, value in answers:
+            _answer(on_done, value)
 
     async def _next_round(self) -> bool:
         """Until a lookup round is due; True when it must look at every wait (a datagram
@@ -256,8 +298,7 @@ class DeliveryWatcher:
                 self.release_all()
                 continue
             older = loop.time() - self.fallback
-            waits = [w for w in self._waits
-                     if not w.future.done() and (every or w.since <= older)]
+            waits = [w for w in self._waits if every or w.since <= older]
             by_topic: dict[str, set[bytes]] = {}
             for w in waits:
                 by_topic.setdefault(w.topic, set()).update(w.remaining)
@@ -272,18 +313,18 @@ class DeliveryWatcher:
                 self.release_all()
                 continue
             for w in waits:
-                if w.future.done():
-                    continue
+                if w.ended:
+                    continue  # answered while the lookup ran
                 for message_id in list(w.remaining):
                     s = state.get(message_id)
                     if s == "delivered":
                         w.remaining.discard(message_id)
                         self._unlist(message_id, w)
                     elif s is not None and s != "buffered":
-                        _settle(w.future, False)  # discarded: it will never be acknowledged
+                        self._finish(w, False)  # discarded: it will never be acknowledged
                         break
                 if not w.remaining:
-                    _settle(w.future, True)
+                    self._finish(w, True)
 
     def _unlist(self, message_id: bytes, wait: _Wait) -> None:
         waits = self._by_id.get(message_id)

@@ -253,14 +253,13 @@ class Publisher:
             return
         _, watcher = self._bind()
         timeout_ms = request.settings.ack_timeout_ms  # bounded by TopicConfig
-        watcher.watch(request.topic, ids, timeout_ms / 1000).add_done_callback(
-            functools.partial(self._acknowledged, request, ids, reply))
+        watcher.watch_call(request.topic, ids, timeout_ms / 1000,
+                           functools.partial(self._acknowledged, request, ids, reply))
 
     def _acknowledged(self, request: _Request, ids: list[bytes], reply: Reply,
-                      future: asyncio.Future[bool]) -> None:
+                      delivered: bool) -> None:
         """On the loop: Kafka acknowledged ``ids`` in time, or not; answer."""
         self._direct_pending -= 1
-        delivered = not future.cancelled() and future.exception() is None and future.result()
         status, headers, body = self._received(
             (*_response(ids, request.batch, delivered, False), len(ids)))
         self.counters.add_key(_REQUESTS[request.batch][status])
