@@ -388,3 +388,18 @@ def test_a_cancelled_future_wait_is_forgotten() -> None:
     assert run(main()) == 0
     assert watcher._by_id == {}
     watcher.close()
+
+
+def test_close_after_the_loop_ended_forgets_the_waits_without_answering() -> None:
+    # The HTTP server closes the watcher after its loop's thread ended: answering then
+    # would write to closed transports from the wrong thread.
+    watcher = DeliveryWatcher(States({}), interval=30.0, fallback=30.0)
+    answers: list[bool] = []
+
+    async def main() -> None:
+        watcher.watch_call("t", [b"a" * 12], 20.0, answers.append)
+
+    run(main())
+    assert watcher.waiting == 1
+    watcher.close()
+    assert answers == [] and watcher.waiting == 0 and watcher._by_id == {}

@@ -345,7 +345,12 @@ class DeliveryWatcher:
         return state
 
     def close(self) -> None:
-        self.release_all()
+        """Forget every wait without answering it. Called once the event loop has stopped
+        (the HTTP server's thread has ended) or been replaced: the waits' connections went
+        with it, and an answer now would write to a closed transport from another thread.
+        Shutdown answers them while the loop still runs, with ``release_all``."""
+        for wait in list(self._waits):
+            self._end(wait)
         if self._listener is not None:
             self._listener.close()
             self._listener = None
