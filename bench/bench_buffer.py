@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import hostspeed  # noqa: E402  (bench/, the script's own directory)
 import lmdb  # noqa: E402
 
 from agent.buffer import codec, keys  # noqa: E402
@@ -102,6 +103,8 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=200)
     ap.add_argument("--agent", action="store_true", help="also time a real `ferry run`")
     args = ap.parse_args()
+    # Before any load: how fast this host is now (bench/hostspeed.py).
+    print(hostspeed.describe(Path(tempfile.gettempdir())), flush=True)
     n, size = args.messages, args.size
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         root = Path(tmp)

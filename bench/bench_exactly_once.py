@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import hostspeed  # noqa: E402  (bench/, the script's own directory)
 from confluent_kafka import Consumer, TopicPartition  # noqa: E402
 
 from agent.buffer.store import Store  # noqa: E402
@@ -84,7 +85,12 @@ def drain_rate(bootstrap: str, delivery: str, messages: int, interval_ms: int) -
             agent.stop()
     if first is None or end is None:
         raise RuntimeError(f"{delivery}: not drained in time")
-    return messages / max(end - first, 1e-6)
+    if end - first < 0.1:
+        # The buffer is sampled every 10 ms: a drain shorter than ten samples has no rate
+        # worth printing (a whole drain between two samples once printed 2e9 msg/s).
+        sys.exit(f"{delivery}: {messages} messages drained within {end - first:.3f} s, too "
+                 "few to time at a 10 ms sampling interval: use more --messages")
+    return messages / (end - first)
 
 
 def latency(bootstrap: str, delivery: str, interval_ms: int, count: int = 2000,
@@ -146,6 +152,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--intervals", default="20,100,500")
     args = ap.parse_args()
+    # Before any load: how fast this host is now (bench/hostspeed.py).
+    print(hostspeed.describe(Path(tempfile.gettempdir())), flush=True)
     intervals = [int(x) for x in args.intervals.split(",") if x]
     with tempfile.TemporaryDirectory() as tmp, Broker(log_path=Path(tmp) / "tansu.log") as b:
         print(f"machine: {os.cpu_count()} cores; {args.messages} x 200 B per drain; "

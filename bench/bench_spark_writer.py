@@ -26,6 +26,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import hostspeed  # noqa: E402  (bench/, the script's own directory)
+
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
@@ -108,6 +111,8 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--shapes", default="plain,headers")
     args = parser.parse_args()
+    # Before any load: how fast this host is now (bench/hostspeed.py).
+    print(hostspeed.describe(Path(tempfile.gettempdir())), flush=True)
     shapes = args.shapes.split(",")
 
     spark = (

@@ -24,6 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import hostspeed  # noqa: E402  (bench/, the script's own directory)
+
 from agent.buffer.committer import Committer  # noqa: E402
 from agent.buffer.store import Store  # noqa: E402
 from agent.config import BufferConfig, FerryConfig, SpoolConfig  # noqa: E402
@@ -42,6 +44,8 @@ def main() -> None:
     ap.add_argument("--topics", type=int, default=1)
     ap.add_argument("--headers", action="store_true")
     args = ap.parse_args()
+    # Before any load: how fast this host is now (bench/hostspeed.py).
+    print(hostspeed.describe(Path(tempfile.gettempdir())), flush=True)
     with tempfile.TemporaryDirectory(prefix="ferry-bench-intake-") as tmp:
         root = Path(tmp)
         staging = root / "staging"

@@ -29,6 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import hostspeed  # noqa: E402  (bench/, the script's own directory)
+
 from spool.format import encode_columns  # noqa: E402
 from spool.reader import BinarySpoolReader, verify  # noqa: E402
 from spool.writer import SpoolWriter  # noqa: E402
@@ -80,6 +82,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=200, help="value bytes per record")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
+    # Before any load: how fast this host is now (bench/hostspeed.py).
+    print(hostspeed.describe(Path(tempfile.gettempdir())), flush=True)
 
     with tempfile.TemporaryDirectory(prefix="ferry-bench-spool-") as tmp:
         path, write_s = write_file(Path(tmp), args.records, args.size)

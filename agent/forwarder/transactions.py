@@ -16,16 +16,18 @@ commits, which wait for the cluster, out of the at-least-once loop.
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from agent.buffer import keys
-from agent.buffer.store import Corrupt, DeliveredRun, Outcome, Store, StoredMessage
+from agent.buffer import codec, keys
+from agent.buffer.store import Corrupt, DeliveredRun, Outcome, Store, StoredMessage, message
 from agent.config import FerryConfig, TopicConfig
 from agent.forwarder.clusters import Cluster, producer_config
 from agent.forwarder.discard_log import Discard, DiscardLog
@@ -54,6 +56,13 @@ RETRY_INITIAL = 0.5
 RETRY_MAX = 10.0
 READ_BATCH = 2000
 FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED}
+
+
+def _report(sink: list[tuple[bytes, KafkaError | None, Message]], message_id: bytes,
+            err: KafkaError | None, msg: Message) -> None:
+    # The delivery callback of one send, bound to its id by a partial. Runs inside poll()
+    # or flush() on this thread: just record; _commit does the work.
+    sink.append((message_id, err, msg))
 
 
 class Fenced(Exception):
@@ -111,7 +120,8 @@ class ExactlyOnce:
         self._producer: Producer | None = None
         self._progress: dict[str, Progress] = {}
         self._cursors: dict[str, bytes | None] = {}
-        self._reports: list[tuple[KafkaError | None, Message]] = []
+        # (message id, error, message) per delivery report, in the order they come.
+        self._reports: list[tuple[bytes, KafkaError | None, Message]] = []
         self._fenced = ""
         self._in_transaction = False
         self._retry_at = 0.0
@@ -197,12 +207,13 @@ class ExactlyOnce:
         p, self._producer = self._producer, None
         self._topic_ready.clear()
         self._cursors.clear()
-        self._reports.clear()
         if p is not None:
             # Nothing of an unfinished transaction counts: the next instance's
             # init_transactions settles it and the reconciliation reads what became of it.
             p.purge(in_queue=True, in_flight=True)
             p.flush(0)
+        # After the purge: its reports (purged) come during that flush and count for nothing.
+        self._reports.clear()
 
     # -- opening and reconciling ------------------------------------------------------------------
     def _open(self) -> None:
@@ -299,31 +310,19 @@ class ExactlyOnce:
                 room = min(READ_BATCH, self.max_messages - count)
                 if room <= 0:
                     break
-                msgs = self.store.read(topic, self._cursors.get(topic), room)
-                if not msgs:
+                values = self.store.read_values(topic, self._cursors.get(topic), room)
+                if not values:
                     continue
                 read_any = True
-                settings = self.topic_settings(topic)
-                gen = self.store.generation(topic)
-                for m in msgs:
-                    self._cursors[topic] = m.id
-                    dropped = self._unsendable(m, settings, gen)
-                    if dropped is not None:
-                        discards.append(dropped[0])
-                        outcomes.append(dropped[1])
-                        continue
-                    assert isinstance(m, StoredMessage)
-                    if not begun:
-                        p.begin_transaction()
-                        begun = self._in_transaction = True
-                    self._produce(p, m)
-                    b = batches.get(topic)
-                    if b is None:
-                        b = batches[topic] = _Batch(DeliveredRun(topic, CLUSTER, note=NOTE))
-                    b.run.ids.append(m.id)
-                    b.run.sizes.append(m.stored_bytes)
-                    b.last_id = m.id
-                    count += 1
+                # Past everything read: a failure from here drops the producer, and that
+                # clears the cursors (reconciled and read again).
+                self._cursors[topic] = values[-1][0]
+                b = batches.get(topic) or _Batch(DeliveredRun(topic, CLUSTER, note=NOTE))
+                sent = self._send_values(p, topic, values, b, discards, outcomes)
+                if sent:
+                    batches[topic] = b
+                    begun = True
+                    count += sent
             if not begun and not discards:
                 return False  # nothing to send
             if time.monotonic() - started >= self.interval:
@@ -352,6 +351,83 @@ class ExactlyOnce:
                                                          "detail": d.detail})
         return True
 
+    def _send_values(self, p: Producer, topic: str, values: list[tuple[bytes, bytes]],
+                     b: _Batch, discards: list[Discard], outcomes: list[Outcome]) -> int:
+        """Send one read of ``topic`` inside the open transaction; the number sent.
+
+        As in the at-least-once loop (forwarder.py, ``_send_values``), a plain message goes
+        out from its stored value without a Record or StoredMessage: the header is read
+        here and the producer gets slices of the value, positionally. Anything else (headers
+        of its own, an older generation, a TTL or size to check, a value that does not
+        decode) takes ``_unsendable`` and ``_produce``, with the same rules."""
+        settings = self.topic_settings(topic)
+        gen = self.store.generation(topic)
+        layout = self.cluster.layout(topic)
+        unpack = codec.HEADER.unpack_from
+        hsize = codec.HEADER.size
+        version_now = codec.VERSION
+        has_key, has_pk, hash_key = codec.HAS_KEY, codec.HAS_PARTITION_KEY, codec.HASH_KEY
+        max_plain = settings.max_message_bytes + hsize
+        # The oldest message read is younger than the TTL: none of them needs the check.
+        check_ttl = (int(time.time() * 1000) - keys.id_timestamp_ms(values[0][0])
+                     > settings.ttl_seconds * 1000)
+        prefix = f"{self.identity}:".encode()  # tag(): identity ":" hex id
+        base = len(topic) + 1 + keys.ID_LEN  # stored bytes besides the value: topic NUL id
+        produce = p.produce
+        reports = self._reports
+        ids, sizes = b.run.ids, b.run.sizes
+        sent = 0
+        # A transaction begins with the first message sent (a read of discards alone
+        # needs none).
+        open_ = self._in_transaction
+        for mid, v in values:
+            try:
+                version, flags, g, ts, pk, klen, nheaders = unpack(v)
+            except struct.error:  # shorter than a header: _unsendable discards it as corrupt
+                version = klen = nheaders = -1
+            pos = hsize + klen
+            if (version != version_now or nheaders or g < gen or check_ttl
+                    or pos > len(v) or len(v) > max_plain):
+                m = message(topic, mid, v)
+                dropped = self._unsendable(m, settings, gen)
+                if dropped is not None:
+                    discards.append(dropped[0])
+                    outcomes.append(dropped[1])
+                    continue
+                assert isinstance(m, StoredMessage)
+                if not open_:
+                    p.begin_transaction()
+                    self._in_transaction = open_ = True
+                self._produce(p, m)
+                ids.append(mid)
+                sizes.append(m.stored_bytes)
+                b.last_id = mid
+                sent += 1
+                continue
+            if not open_:
+                p.begin_transaction()
+                self._in_transaction = open_ = True
+            partition = choose(layout, pk if flags & has_pk else None, bool(flags & hash_key))
+            headers: list[tuple[str, str | bytes | None]] = [
+                (HEADER, prefix + mid.hex().encode())]
+            key = v[hsize:pos] if flags & has_key else None
+            while True:
+                try:
+                    # Positional, in produce()'s order (topic, value, key, partition,
+                    # callback, on_delivery, timestamp, headers): keywords cost more. The
+                    # report callback goes in the 5th place: given there, even as None, it
+                    # hides the 6th (on_delivery, the same thing under another name).
+                    produce(topic, v[pos:], key, partition, partial(_report, reports, mid),
+                            None, ts, headers)
+                    break
+                except BufferError:
+                    p.poll(0.05)  # the producer's queue is full: let it drain
+            ids.append(mid)
+            sizes.append(base + len(v))
+            b.last_id = mid
+            sent += 1
+        return sent
+
     def _produce(self, p: Producer, m: StoredMessage) -> None:
         r = m.record
         partition = choose(self.cluster.layout(r.topic), r.partition_key, r.hash_key)
@@ -361,13 +437,11 @@ class ExactlyOnce:
             try:
                 p.produce(r.topic, r.value, r.key, partition=partition,
                           timestamp=r.timestamp_ms, headers=headers,
-                          on_delivery=self._on_delivery)
+                          on_delivery=partial(_report, self._reports, m.id))
                 return
             except BufferError:
                 p.poll(0.05)  # the producer's queue is full: let it drain
 
-    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
-        self._reports.append((err, msg))
 
     def _signal_outcomes(self, delivered: Iterable[bytes], discarded: Iterable[bytes]) -> None:
         if self._signal is not None:
@@ -378,25 +452,30 @@ class ExactlyOnce:
         if left:
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT,
                                             f"{left} messages not acknowledged in time"))
-        reports, self._reports = self._reports, []
-        for err, msg in reports:
+        reports = self._reports[:]
+        self._reports.clear()  # the same list: the callbacks of the next sends hold it
+        # Where each message went, by id: reports come in order within a partition but
+        # interleaved across partitions, so their order is not the run's.
+        where: dict[bytes, tuple[int, int]] = {}
+        for mid, err, msg in reports:
             if err is not None:
                 if err.code() in FENCED:
                     raise Fenced(err.str())
                 raise KafkaException(err)
-            topic = str(msg.topic())
-            b = batches.get(topic)
-            if b is not None:
-                part = int(msg.partition() or 0)
-                off = int(msg.offset() or 0)
-                b.run.partitions.append(part)
-                b.run.offsets.append(off)
-                if off > b.written.get(part, -1):
-                    b.written[part] = off
+            part = int(msg.partition() or 0)
+            off = int(msg.offset() or 0)
+            where[mid] = (part, off)
+            b = batches.get(str(msg.topic()))
+            if b is not None and off > b.written.get(part, -1):
+                b.written[part] = off
         for topic, b in batches.items():
-            if len(b.run.partitions) != len(b.run.ids):
+            try:
+                placed = [where[i] for i in b.run.ids]
+            except KeyError:
                 raise KafkaException(KafkaError(KafkaError._STATE,
-                                                f"delivery reports of {topic} missing"))
+                                                f"delivery reports of {topic} missing")) from None
+            b.run.partitions = [part for part, _ in placed]
+            b.run.offsets = [off for _, off in placed]
             assert b.last_id is not None
             self._progress[topic] = self._progress.get(topic, Progress()).advanced(
                 b.last_id, b.written)
