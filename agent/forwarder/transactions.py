@@ -442,7 +442,6 @@ class ExactlyOnce:
             except BufferError:
                 p.poll(0.05)  # the producer's queue is full: let it drain
 
-
     def _signal_outcomes(self, delivered: Iterable[bytes], discarded: Iterable[bytes]) -> None:
         if self._signal is not None:
             self._signal(delivered, discarded)
