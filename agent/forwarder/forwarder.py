@@ -401,7 +401,9 @@ class Forwarder:
         producer gets slices of it: no Record, StoredMessage or Flight per message (a Flight
         is made only for a send that fails). Anything but a plain message (headers, an
         older generation, a TTL or size to check, a value that does not decode) goes
-        through ``_send_one``, with the same rules as ``_send``."""
+        through ``_send_one``, with the same rules as ``_send``. The exactly-once thread
+        has the same loop (transactions.py, ``ExactlyOnce._send_values``): a change to what
+        counts as plain belongs in both."""
         produce = producer.produce
         sink = st.sink
         unpack = codec.HEADER.unpack_from

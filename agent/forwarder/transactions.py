@@ -359,7 +359,8 @@ class ExactlyOnce:
         out from its stored value without a Record or StoredMessage: the header is read
         here and the producer gets slices of the value, positionally. Anything else (headers
         of its own, an older generation, a TTL or size to check, a value that does not
-        decode) takes ``_unsendable`` and ``_produce``, with the same rules."""
+        decode) takes ``_unsendable`` and ``_produce``, with the same rules. A change to
+        what counts as plain belongs in both loops."""
         settings = self.topic_settings(topic)
         gen = self.store.generation(topic)
         layout = self.cluster.layout(topic)

@@ -5,7 +5,6 @@ Real buffer, real tansu broker, a read_committed reader."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from agent.metrics import Registry
 from agent.records import Record
 from tests.agent_harness import write_config
 from tests.kafka import Broker, create_topic, read_topic
+from tests.send_records import records_of_every_kind
 from tests.waiting import wait_until
 
 PARTITIONS = 4
@@ -30,21 +30,8 @@ def test_every_field_arrives_as_accepted_in_transactions(tmp_path: Path, session
         tmp_path, session_broker.bootstrap, http=False,
         topics={unique_topic: {"delivery": "exactly_once", "acks": "all", "ttl_seconds": 60}},
         forwarder={"agent_id": identity, "transaction_interval_ms": 20}))
-    now_ms = int(time.time() * 1000)
-    records = [
-        Record(unique_topic, b"any-1", timestamp_ms=1_000_001),  # round-robin
-        Record(unique_topic, b"pk-7", partition_key=7, timestamp_ms=1_000_002),
-        Record(unique_topic, b"pk-neg", key=b"k-neg", partition_key=-3,
-               timestamp_ms=1_000_003),
-        Record(unique_topic, b"hashed", key=b"account-9", hash_key=True,
-               timestamp_ms=1_000_004),
-        Record(unique_topic, b"keyed-any", key=b"bruce-key", timestamp_ms=now_ms),
-        Record(unique_topic, b"", key=b"empty", partition_key=2, timestamp_ms=1_000_006),
-        # Headers of its own take the record path: same fields, its headers and the ferry-id.
-        Record(unique_topic, b"with-headers", partition_key=1, timestamp_ms=1_000_007,
-               headers=(("trace", b"t-1"), ("empty", b""))),
-        Record(unique_topic, b"any-2", timestamp_ms=1_000_008),
-    ]
+    # Headers of its own take the record path: same fields, its headers and the ferry-id.
+    records = records_of_every_kind(unique_topic)
     too_large = Record(unique_topic, b"x" * 2_000_000, timestamp_ms=1_000_009)
     registry = Registry()
     with Store(cfg.buffer.path, cfg.buffer.max_bytes) as store:

@@ -10,9 +10,9 @@ from agent.buffer.store import Store
 from agent.config import load_config
 from agent.forwarder.forwarder import Forwarder
 from agent.metrics import Registry
-from agent.records import Record
 from tests.agent_harness import write_config
 from tests.kafka import Broker, create_topic, read_topic
+from tests.send_records import records_of_every_kind
 from tests.waiting import wait_until
 
 PARTITIONS = 4
@@ -31,20 +31,8 @@ def test_every_field_arrives_as_accepted(tmp_path: Path, session_broker: Broker,
                                          unique_topic: str) -> None:
     create_topic(session_broker.bootstrap, unique_topic, PARTITIONS)
     cfg = load_config(write_config(tmp_path, session_broker.bootstrap, http=False))
-    records = [
-        Record(unique_topic, b"any-1", timestamp_ms=1_000_001),  # round-robin
-        Record(unique_topic, b"pk-7", partition_key=7, timestamp_ms=1_000_002),
-        Record(unique_topic, b"pk-neg", key=b"k-neg", partition_key=-3,
-               timestamp_ms=1_000_003),
-        Record(unique_topic, b"hashed", key=b"account-9", hash_key=True,
-               timestamp_ms=1_000_004),
-        Record(unique_topic, b"keyed-any", key=b"bruce-key", timestamp_ms=1_000_005),
-        Record(unique_topic, b"", key=b"empty", partition_key=2, timestamp_ms=1_000_006),
-        # Headers take the general path (a Flight): same fields, plus the headers.
-        Record(unique_topic, b"with-headers", partition_key=1, timestamp_ms=1_000_007,
-               headers=(("trace", b"t-1"), ("empty", b""))),
-        Record(unique_topic, b"any-2", timestamp_ms=1_000_008),
-    ]
+    # Headers take the general path (a Flight): same fields, plus the headers.
+    records = records_of_every_kind(unique_topic)
     registry = Registry()
     with Store(cfg.buffer.path, cfg.buffer.max_bytes) as store:
         [ids] = store.append([records])
