@@ -384,6 +384,8 @@ def main() -> None:
                     help="--compare: pairs per connection count, alternating which mode "
                     "goes first; the ratio is judged by the median of the pairs")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     # Before any load: how fast this host is now (bench/hostspeed.py).
     print(hostspeed.describe(Path(args.dir)), flush=True)
     if args.compare:
