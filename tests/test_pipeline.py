@@ -159,9 +159,17 @@ def test_kill_9_while_delivering_loses_nothing(
 ) -> None:
     """Duplicates are allowed only for messages in flight at the crash; loss never."""
     n = 20000
+    # The first agent delivers slowly (200 in flight, each send held 20 ms), so that the
+    # kill lands mid-delivery: at full speed the whole backlog can leave between two looks
+    # at the buffer, and the crash would then test nothing. The second agent, on the same
+    # buffer, delivers at full speed.
+    in_flight = 200
+    slow = write_config(tmp_path / "slow", broker.bootstrap, http=False,
+                        buffer={"path": tmp_path / "buffer"},
+                        forwarder={"max_in_flight_messages": in_flight, "linger_ms": 20})
     config = write_config(tmp_path, broker.bootstrap, http=False)
     broker.stop()  # hold everything in the buffer until all n are acknowledged (committed)
-    with AgentProcess(config) as agent:
+    with AgentProcess(slow) as agent:
         with FerryClient(agent.socket_path) as client:
             for i in range(n):
                 client.send(unique_topic, b"m-%d" % i)
@@ -169,10 +177,12 @@ def test_kill_9_while_delivering_loses_nothing(
         broker.start()
         # The agent may create it first (a metadata request naming a topic creates it).
         create_topic(broker.bootstrap, unique_topic, 4, exist_ok=True)
-        # Kill once delivery has started and before it has finished.
-        wait_until(lambda: agent.buffered().get(unique_topic, n) < n, timeout=60, interval=0.01,
-                   message="delivery started")
+        # Kill once delivery has started (0 left: it has finished; the check below says so).
+        wait_until(lambda: agent.buffered().get(unique_topic, 0) < n, timeout=60,
+                   interval=0.01, message="delivery started")
         agent.kill()
+    left = agent.buffered().get(unique_topic, 0)  # read from the buffer, the agent dead
+    assert 0 < left < n, f"the kill did not land mid-delivery ({left} of {n} left)"
     with AgentProcess(config) as agent:
         wait_drained(agent, timeout=60)
     got = read_topic(broker.bootstrap, unique_topic)
@@ -181,4 +191,4 @@ def test_kill_9_while_delivering_loses_nothing(
     assert not missing, f"{len(missing)} acknowledged messages lost"
     duplicates = sum(c - 1 for c in values.values())
     # Only what was in flight at the crash can be sent twice.
-    assert duplicates <= agent.config.forwarder.max_in_flight_messages
+    assert duplicates <= in_flight
