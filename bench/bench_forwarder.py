@@ -1,7 +1,8 @@
 """Forwarder alone: a pre-filled buffer drained into a real tansu broker, in this process.
 
     .venv/bin/python bench/bench_forwarder.py [--messages 300000] [--topics 4] [--profile]
-                                              [--no-tune-gc]
+                                              [--no-tune-gc] [--no-track]
+                                              [--acks leader|all]
 
 Fills a buffer with ``--messages`` 200-byte messages (half AnyPartition, half PartitionKey)
 over ``--topics`` topics, then runs the forwarder's loop until every message is acknowledged
@@ -9,9 +10,12 @@ and removed. Prints the drain rate, the forwarder's CPU time per message (this p
 includes librdkafka's threads), and with ``--profile`` the top functions by own time.
 
 Then, in the same run and to the same broker, the baseline the issue measures the drain
-against: a plain Python confluent-kafka producer (the forwarder's producer settings, one
-delivery callback for all) pushing the same messages to the same partitions from memory
-until every one is acknowledged; and the ratio of the two rates (``--no-baseline`` skips it).
+against: a plain Python confluent-kafka producer (the forwarder's producer settings for the
+same ack level, one delivery callback for all) pushing the same messages to the same
+partitions from memory until every one is acknowledged; and the ratio of the two rates
+(``--no-baseline`` skips it). ``--acks`` sets the topics' ack level, and so the baseline's
+(default: the shipped default, ``leader``: acks=1, one request in flight per connection;
+``all`` is idempotent with up to five).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import hostspeed  # noqa: E402  (bench/, the script's own directory)
 
 from agent.buffer.store import Store  # noqa: E402
-from agent.config import FerryConfig, ForwarderConfig, load_config  # noqa: E402
+from agent.config import FerryConfig, ForwarderConfig, TopicConfig, load_config  # noqa: E402
 from agent.forwarder.clusters import producer_config  # noqa: E402
 from agent.forwarder.forwarder import Forwarder  # noqa: E402
 from agent.forwarder.process import GC_GEN0_THRESHOLD  # noqa: E402
@@ -50,9 +54,9 @@ def _cpu() -> float:
 
 
 def plain_producer(bootstrap: str, cfg: FerryConfig, topics: list[str], messages: int,
-                   value: bytes, timeout: float) -> tuple[int, float, float]:
+                   value: bytes, timeout: float, acks: str) -> tuple[int, float, float]:
     """A plain producer's run: (acknowledged, seconds, CPU seconds of this process)."""
-    conf = producer_config("baseline", "all", cfg.kafka.local, cfg.forwarder)
+    conf = producer_config("baseline", acks, cfg.kafka.local, cfg.forwarder)
     producer = Producer(conf)
     partitions = {t: sorted(producer.list_topics(t, timeout=10).topics[t].partitions)
                   for t in topics}
@@ -115,6 +119,12 @@ def main() -> None:
                     help="skip the plain-producer baseline")
     ap.add_argument("--no-tune-gc", action="store_true",
                     help="keep CPython's GC defaults (the forwarder process tunes them)")
+    ap.add_argument("--acks", choices=["leader", "all"], default=TopicConfig().acks,
+                    help="the topics' ack level, and the baseline's (default: the shipped "
+                         "default)")
+    ap.add_argument("--no-track", action="store_true",
+                    help="status.track_messages = false: no tracking entry per message "
+                         "(the default keeps one, for GET /messages/{id})")
     args = ap.parse_args()
     # Before any load: how fast this host is now (bench/hostspeed.py).
     print(hostspeed.describe(Path(tempfile.gettempdir())), flush=True)
@@ -124,9 +134,10 @@ def main() -> None:
             create_topic(broker.bootstrap, t, 8)
         cfg = load_config(write_config(Path(tmp), broker.bootstrap, http=False,
                                        buffer={"max_bytes": 8 * 1024**3},
-                                       forwarder=_forwarder_settings(args)))
+                                       forwarder=_forwarder_settings(args),
+                                       topics={"default": {"acks": args.acks}}))
         value = b"v" * args.size
-        with Store(cfg.buffer.path, cfg.buffer.max_bytes) as store:
+        with Store(cfg.buffer.path, cfg.buffer.max_bytes, track=not args.no_track) as store:
             t0 = time.perf_counter()
             per_batch = 10_000
             for start in range(0, args.messages, per_batch):
@@ -161,7 +172,8 @@ def main() -> None:
                 c.close(5.0)
         print(f"machine: {os.cpu_count()} cores; {args.messages} x {args.size} B over "
               f"{args.topics} topics (buffer filled in {fill:.1f} s); "
-              f"forwarder.linger_ms {cfg.forwarder.linger_ms:g}")
+              f"forwarder.linger_ms {cfg.forwarder.linger_ms:g}; acks {args.acks}; tracking "
+              f"{'off' if args.no_track else 'on'}")
         print(f"delivered and removed: {delivered:.0f} in {took:.2f} s = "
               f"{delivered / took:,.0f} msg/s")
         print(f"forwarder process CPU: {cpu:.2f} s = {cpu / max(delivered, 1) * 1e6:.1f} us "
@@ -172,7 +184,7 @@ def main() -> None:
             pstats.Stats(profiler).sort_stats("cumulative").print_stats(20)
         if not args.no_baseline:
             acked, ptook, pcpu = plain_producer(broker.bootstrap, cfg, topics, args.messages,
-                                                value, args.timeout)
+                                                value, args.timeout, args.acks)
             print(f"plain producer, same messages and broker: {acked} in {ptook:.2f} s = "
                   f"{acked / ptook:,.0f} msg/s, {pcpu / max(acked, 1) * 1e6:.1f} us CPU per "
                   "message")
