@@ -1,6 +1,7 @@
 """Shared pytest fixtures. Keep this file thin: logic lives in tests/kafka.py and friends.
 
-Sections: Kafka (real tansu brokers) and artifacts. Add new fixtures under a section header.
+Sections: Kafka (real tansu brokers), Apache Kafka (a real 3-node cluster), filesystems and
+artifacts. Add new fixtures under a section header.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.append(str(REPO_ROOT))  # last: repo folders must not shadow installed packages
 
+from tests.apache_kafka import KafkaCluster  # noqa: E402
 from tests.filesystems import tmpfs  # noqa: E402
 from tests.kafka import Broker, TcpProxy, free_port, unique_topic_name  # noqa: E402
 
@@ -62,6 +64,29 @@ def proxied_broker(tmp_path: Path) -> Iterator[tuple[Broker, TcpProxy]]:
         Broker(port, advertised_port=proxy.port, log_path=tmp_path / "tansu.log") as proxied,
     ):
         yield proxied, proxy
+
+
+# --------------------------------------------------------------------------------------------
+# Apache Kafka: a real 3-node KRaft cluster (tests/apache_kafka.py), RF 3, min.insync.replicas 2
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """Three Apache Kafka nodes shared by the whole run; request ``apache_kafka`` instead."""
+    with KafkaCluster(tmp_path_factory.mktemp("apache-kafka")) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def apache_kafka(kafka_cluster: KafkaCluster) -> Iterator[KafkaCluster]:
+    """The shared cluster, healthy when the test starts (every node up, every partition in
+    sync). A test may kill, stop or restart nodes: whatever it left down is started again
+    afterwards, and the cluster is healthy again before the next test. Isolate tests with
+    ``unique_topic``, as Kafka's own integration tests do."""
+    kafka_cluster.wait_healthy()
+    yield kafka_cluster
+    kafka_cluster.wait_healthy()
 
 
 # --------------------------------------------------------------------------------------------

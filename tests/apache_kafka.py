@@ -1,0 +1,567 @@
+"""Real Apache Kafka for tests and benchmarks: KRaft nodes started from Kafka's own jars.
+
+A :class:`KafkaCluster` formats KRaft storage and starts N combined broker+controller nodes
+(``process.roles=broker,controller``) on loopback ports, each one JVM whose PID this module
+holds: :meth:`KafkaCluster.kill` is a SIGKILL of that PID, :meth:`KafkaCluster.start_node`
+starts the same node again on its own ports and data, as an operator's restart would.
+
+The jars are Apache Kafka's, at the version pinned in ``dev/kafka/pom.xml``, copied from Maven
+Central into ``.venv/kafka/<version>/libs`` by ``dev/kafka/fetch`` (``dev/bootstrap test``
+runs it). Nothing here downloads anything.
+
+Settings that differ from a broker's defaults, and why (everything else is Kafka's default):
+
+- ``default.replication.factor`` = 3 and ``min.insync.replicas`` = 2 with three nodes, as
+  operators run (``offsets``/``transaction.state`` topics likewise).
+- ``broker.session.timeout.ms`` 4 s (default 9 s), heartbeats every 0.5 s: a killed node is
+  fenced, and its partitions' leadership moves, in seconds rather than tens of them, so
+  failure tests wait less. The mechanism is the same.
+- 10 partitions (default 50) for ``__consumer_offsets`` and ``__transaction_state``, a small
+  log-cleaner buffer and few network/IO threads: five JVMs on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import contextlib
+import functools
+import os
+import re
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not re-exported
+    AdminClient,
+    NewPartitions,
+    NewTopic,
+)
+
+from tests.kafka import LOOPBACK, free_port, port_accepts
+from tests.waiting import wait_until
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+POM = REPO_ROOT / "dev" / "kafka" / "pom.xml"
+
+
+@functools.cache
+def kafka_version() -> str:
+    """The Apache Kafka version the suite runs (``dev/kafka/pom.xml``, its one pin)."""
+    found = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", POM.read_text())
+    if found is None:
+        raise RuntimeError(f"no <kafka.version> in {POM}")
+    return found.group(1)
+
+
+def kafka_libs() -> Path:
+    """The folder of Kafka's jars; FileNotFoundError says how to get them."""
+    libs = REPO_ROOT / ".venv" / "kafka" / kafka_version() / "libs"
+    if not (libs.parent / ".complete").is_file():
+        raise FileNotFoundError(
+            f"Apache Kafka {kafka_version()}'s jars are not in {libs}: run dev/bootstrap test "
+            "(or dev/kafka/fetch alone)"
+        )
+    return libs
+
+
+def new_cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (Kafka's Uuid)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode()`` (UTF-16 code units), as a signed 32-bit int."""
+    value = 0
+    data = text.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        value = (31 * value + int.from_bytes(data[i:i + 2], "big")) & 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def transaction_state_partition(transactional_id: str, partitions: int) -> int:
+    """The ``__transaction_state`` partition (and so the coordinator) of a transactional id:
+    Kafka's ``Utils.abs(id.hashCode()) % partitions``, where abs(MIN_VALUE) is 0."""
+    code = java_string_hash(transactional_id)
+    return (0 if code == -(1 << 31) else abs(code)) % partitions
+
+
+# Node processes still running when the interpreter exits are killed, not left holding ports.
+_live: set[subprocess.Popen[bytes]] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for process in list(_live):
+        _sigkill(process)
+
+
+def _sigkill(process: subprocess.Popen[bytes]) -> None:
+    _live.discard(process)
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+
+
+class KafkaStartError(RuntimeError):
+    """A node did not start or join in time; the message carries the end of its log."""
+
+
+_LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = info
+rootLogger.appenderRef.out.ref = out
+logger.state.name = state.change.logger
+logger.state.level = warn
+logger.request.name = kafka.request.logger
+logger.request.level = warn
+logger.zk.name = org.apache.kafka.raft
+logger.zk.level = warn
+"""
+
+
+@dataclass(frozen=True)
+class Listener:
+    """An extra client listener on every node: ``name`` (e.g. ``SASL_SSL``), its security
+    protocol, and broker properties for it, each written as
+    ``listener.name.<name lower>.<key>=<value>``."""
+
+    name: str
+    protocol: str
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class KafkaNode:
+    """One combined broker+controller JVM. Its ports and data survive kills and restarts."""
+
+    node_id: int
+    port: int
+    controller_port: int
+    extra_ports: dict[str, int]
+    root: Path
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def data_dir(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / "server.properties"
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "node.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return f"(no log at {self.log_path})"
+        return f"--- last {lines} lines of {self.log_path} ---\n" + "\n".join(
+            text.splitlines()[-lines:]
+        )
+
+
+class KafkaCluster:
+    """``nodes`` Apache Kafka nodes in KRaft mode on 127.0.0.1, all voters of the quorum.
+
+    ``bootstrap`` names every node's PLAINTEXT listener. ``listeners`` adds client listeners
+    (TLS, SASL) next to it; ``scram_users`` (name → password) are written into the storage
+    at format time as SCRAM-SHA-512 credentials, as ``kafka-storage format --add-scram`` does.
+    ``properties`` override the broker settings this module picks.
+
+    Use as a context manager, or call :meth:`start` / :meth:`stop`.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        nodes: int = 3,
+        *,
+        min_insync_replicas: int | None = None,
+        auto_create_topics: bool = True,
+        listeners: Iterable[Listener] = (),
+        scram_users: Mapping[str, str] | None = None,
+        properties: Mapping[str, str | int] | None = None,
+        heap: str = "512m",
+        start_timeout: float = 90.0,
+    ) -> None:
+        if nodes < 1:
+            raise ValueError("a cluster needs at least one node")
+        self.root = root
+        self.size = nodes
+        self.replication = min(3, nodes)
+        self.min_insync = (
+            min_insync_replicas if min_insync_replicas is not None else min(2, nodes)
+        )
+        self.auto_create_topics = auto_create_topics
+        self.listeners = tuple(listeners)
+        self.scram_users = dict(scram_users or {})
+        self.properties = dict(properties or {})
+        self.heap = heap
+        self.start_timeout = start_timeout
+        self.cluster_id = new_cluster_id()
+        self.nodes = [
+            KafkaNode(
+                node_id=i,
+                port=free_port(),
+                controller_port=free_port(),
+                extra_ports={listener.name: free_port() for listener in self.listeners},
+                root=root / f"node-{i}",
+            )
+            for i in range(1, nodes + 1)
+        ]
+        self._formatted = False
+
+    # -- addresses ---------------------------------------------------------------------------
+
+    @property
+    def bootstrap(self) -> str:
+        """``bootstrap.servers`` for PLAINTEXT clients: every node."""
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    def listener_bootstrap(self, name: str) -> str:
+        """``bootstrap.servers`` for the extra listener called ``name``."""
+        return ",".join(f"{LOOPBACK}:{node.extra_ports[name]}" for node in self.nodes)
+
+    def node(self, node_id: int) -> KafkaNode:
+        return self.nodes[node_id - 1]
+
+    # -- configuration -------------------------------------------------------------------------
+
+    def _server_properties(self, node: KafkaNode) -> dict[str, str]:
+        voters = ",".join(f"{n.node_id}@{LOOPBACK}:{n.controller_port}" for n in self.nodes)
+        listeners = [f"PLAINTEXT://{LOOPBACK}:{node.port}"]
+        protocols = ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"]
+        for listener in self.listeners:
+            listeners.append(f"{listener.name}://{LOOPBACK}:{node.extra_ports[listener.name]}")
+            protocols.append(f"{listener.name}:{listener.protocol}")
+        advertised = list(listeners)
+        listeners.append(f"CONTROLLER://{LOOPBACK}:{node.controller_port}")
+        rf = str(self.replication)
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": str(node.node_id),
+            "controller.quorum.voters": voters,
+            "listeners": ",".join(listeners),
+            "advertised.listeners": ",".join(advertised),
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": ",".join(protocols),
+            "log.dirs": str(node.data_dir),
+            "auto.create.topics.enable": str(self.auto_create_topics).lower(),
+            "num.partitions": "1",
+            "default.replication.factor": rf,
+            "min.insync.replicas": str(self.min_insync),
+            "offsets.topic.replication.factor": rf,
+            "offsets.topic.num.partitions": "10",
+            "transaction.state.log.replication.factor": rf,
+            "transaction.state.log.min.isr": str(self.min_insync),
+            "transaction.state.log.num.partitions": "10",
+            "group.initial.rebalance.delay.ms": "0",
+            "broker.heartbeat.interval.ms": "500",
+            "broker.session.timeout.ms": "4000",
+            "num.network.threads": "2",
+            "num.io.threads": "4",
+            "background.threads": "4",
+            "num.recovery.threads.per.data.dir": "1",
+            "log.cleaner.dedupe.buffer.size": str(8 * 1024 * 1024),
+        }
+        for listener in self.listeners:
+            prefix = f"listener.name.{listener.name.lower()}."
+            props.update({prefix + k: v for k, v in listener.properties.items()})
+        props.update({k: str(v) for k, v in self.properties.items()})
+        return props
+
+    def _write_config(self, node: KafkaNode) -> None:
+        node.root.mkdir(parents=True, exist_ok=True)
+        lines = [f"{k}={v}" for k, v in self._server_properties(node).items()]
+        node.config_path.write_text("\n".join(lines) + "\n")
+
+    def _java(self, *args: str, heap: str = "256m") -> list[str]:
+        log4j = self.root / "log4j2.properties"
+        if not log4j.exists():
+            log4j.parent.mkdir(parents=True, exist_ok=True)
+            log4j.write_text(_LOG4J2)
+        return [
+            "java",
+            f"-Xmx{heap}",
+            "-Xms128m",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={log4j}",
+            "-cp",
+            f"{kafka_libs()}/*",
+            *args,
+        ]
+
+    def _format(self) -> None:
+        for node in self.nodes:
+            self._write_config(node)
+            command = self._java(
+                "kafka.tools.StorageTool", "format", "--ignore-formatted",
+                "-t", self.cluster_id, "-c", str(node.config_path),
+            )
+            for name, password in self.scram_users.items():
+                command += ["--add-scram", f"SCRAM-SHA-512=[name={name},password={password}]"]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+            if done.returncode != 0:
+                raise KafkaStartError(
+                    f"formatting node {node.node_id} failed:\n{done.stdout}\n{done.stderr}"
+                )
+        self._formatted = True
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Format storage (first time only), start every node, wait until all have joined."""
+        if not self._formatted:
+            self._format()
+        for node in self.nodes:
+            if not node.running:
+                self._spawn(node)
+        self.wait_ready()
+
+    def _spawn(self, node: KafkaNode) -> None:
+        node.starts += 1
+        with node.log_path.open("ab") as log:
+            log.write(f"=== ferry tests: start #{node.starts}\n".encode())
+            log.flush()
+            node.process = subprocess.Popen(
+                self._java("kafka.Kafka", str(node.config_path), heap=self.heap),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a Ctrl-C of the test run is not the node's
+            )
+        _live.add(node.process)
+
+    def start_node(self, node_id: int, *, wait: bool = True) -> None:
+        """Start a stopped node again (same ports, same data); wait until it has joined."""
+        node = self.node(node_id)
+        if node.running:
+            raise RuntimeError(f"node {node_id} is running")
+        self._spawn(node)
+        if wait:
+            self.wait_ready([node_id])
+
+    def kill(self, node_id: int) -> None:
+        """SIGKILL one node's JVM (no shutdown of any kind) and reap it."""
+        node = self.node(node_id)
+        process, node.process = node.process, None
+        if process is not None:
+            _sigkill(process)
+
+    def stop_node(self, node_id: int, timeout: float = 60.0) -> None:
+        """SIGTERM: a controlled shutdown (leadership moved away first), as systemd stops."""
+        node = self.node(node_id)
+        process, node.process = node.process, None
+        if process is None:
+            return
+        _live.discard(process)
+        process.terminate()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _sigkill(process)
+
+    def restart(self, node_id: int) -> None:
+        """kill -9 then start again, and wait until the node is back in every ISR."""
+        self.kill(node_id)
+        self.start_node(node_id)
+        self.wait_healthy()
+
+    def stop(self) -> None:
+        """SIGKILL every node. Idempotent."""
+        for node in self.nodes:
+            self.kill(node.node_id)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        states = ", ".join(
+            f"{n.node_id}:{n.port}{'' if n.running else ' down'}" for n in self.nodes
+        )
+        return f"<KafkaCluster {self.cluster_id} [{states}] at {self.root}>"
+
+    # -- readiness -----------------------------------------------------------------------------
+
+    def admin(self, **extra: Any) -> AdminClient:
+        """An AdminClient on the running nodes (keep it alive while its futures run)."""
+        running = [n.bootstrap for n in self.nodes if n.running] or [self.bootstrap]
+        return AdminClient({"bootstrap.servers": ",".join(running), "log_level": 0, **extra})
+
+    def live_brokers(self, via: KafkaNode | None = None) -> set[int]:
+        """Node ids the cluster's metadata lists as brokers now (empty if none answers)."""
+        targets = [via] if via is not None else [n for n in self.nodes if n.running]
+        for node in targets:
+            if not port_accepts(node.port, timeout=0.5):
+                continue
+            admin = AdminClient({"bootstrap.servers": node.bootstrap, "log_level": 0})
+            try:
+                return set(admin.list_topics(timeout=3.0).brokers)
+            except KafkaException:
+                continue
+        return set()
+
+    def wait_ready(self, node_ids: Iterable[int] | None = None) -> None:
+        """Until each named node (default: every running one) is up and listed as a broker."""
+        wanted = list(node_ids) if node_ids is not None else [
+            n.node_id for n in self.nodes if n.running
+        ]
+        deadline = time.monotonic() + self.start_timeout
+        for node_id in wanted:
+            node = self.node(node_id)
+            while True:
+                if not node.running:
+                    raise KafkaStartError(
+                        f"node {node_id} exited during start-up\n{node.log_tail()}"
+                    )
+                if node_id in self.live_brokers(via=node):
+                    break
+                if time.monotonic() > deadline:
+                    raise KafkaStartError(
+                        f"node {node_id} not ready within {self.start_timeout}s\n"
+                        f"{node.log_tail()}"
+                    )
+                time.sleep(0.1)
+
+    def under_replicated(self) -> list[tuple[str, int]]:
+        """(topic, partition) whose in-sync replicas are fewer than their replicas."""
+        metadata = self.admin().list_topics(timeout=10.0)
+        return [
+            (name, pid)
+            for name, topic in metadata.topics.items()
+            for pid, partition in topic.partitions.items()
+            if len(partition.isrs) < len(partition.replicas) or partition.leader < 0
+        ]
+
+    def wait_healthy(self, timeout: float = 120.0) -> None:
+        """Until every node runs, is a broker, and every partition is fully in sync."""
+        for node in self.nodes:
+            if not node.running:
+                self.start_node(node.node_id)
+        wait_until(
+            lambda: self.live_brokers() == {n.node_id for n in self.nodes}
+            and not self.under_replicated(),
+            timeout=timeout,
+            message=f"{self!r} healthy (every node a broker, no under-replicated partition)",
+        )
+
+    # -- topics --------------------------------------------------------------------------------
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int = 1,
+        *,
+        replication: int | None = None,
+        config: Mapping[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        """Create ``name`` and return once every node's metadata has all its leaders."""
+        admin = self.admin()
+        rf = replication if replication is not None else self.replication
+        futures = admin.create_topics(
+            [NewTopic(name, num_partitions=partitions, replication_factor=rf,
+                      config=dict(config or {}))],
+            request_timeout=timeout,
+        )
+        futures[name].result(timeout=timeout)
+        self.wait_for_leaders(name, partitions, timeout=timeout)
+
+    def add_partitions(self, name: str, total: int, timeout: float = 30.0) -> None:
+        admin = self.admin()
+        futures = admin.create_partitions([NewPartitions(name, total)], request_timeout=timeout)
+        futures[name].result(timeout=timeout)
+        self.wait_for_leaders(name, total, timeout=timeout)
+
+    def delete_topic(self, name: str, timeout: float = 30.0) -> None:
+        admin = self.admin()
+        admin.delete_topics([name], request_timeout=timeout)[name].result(timeout=timeout)
+        wait_until(
+            lambda: all(
+                name not in self._topics_via(node) for node in self.nodes if node.running
+            ),
+            timeout=timeout,
+            message=f"topic {name!r} gone from every node's metadata",
+        )
+
+    def _topics_via(self, node: KafkaNode) -> dict[str, Any]:
+        admin = AdminClient({"bootstrap.servers": node.bootstrap, "log_level": 0})
+        topics: dict[str, Any] = admin.list_topics(timeout=5.0).topics
+        return topics
+
+    def wait_for_leaders(self, name: str, partitions: int, timeout: float = 30.0) -> None:
+        def everywhere() -> bool:
+            for node in self.nodes:
+                if not node.running:
+                    continue
+                topic = self._topics_via(node).get(name)
+                if topic is None or topic.error is not None:
+                    return False
+                if sorted(topic.partitions) != list(range(partitions)):
+                    return False
+                if any(p.leader < 0 for p in topic.partitions.values()):
+                    return False
+            return True
+
+        wait_until(everywhere, timeout=timeout,
+                   message=f"topic {name!r}: {partitions} partitions with leaders everywhere")
+
+    def leader(self, topic: str, partition: int = 0) -> int:
+        """The node id leading ``topic``'s ``partition`` now (-1: none)."""
+        metadata = self.admin().list_topics(topic, timeout=10.0)
+        leader: int = metadata.topics[topic].partitions[partition].leader
+        return leader
+
+    def isr(self, topic: str, partition: int = 0) -> list[int]:
+        metadata = self.admin().list_topics(topic, timeout=10.0)
+        return list(metadata.topics[topic].partitions[partition].isrs)
+
+    def transaction_coordinator(self, transactional_id: str) -> int:
+        """The node leading the ``__transaction_state`` partition of ``transactional_id``."""
+        metadata = self.admin().list_topics("__transaction_state", timeout=10.0)
+        topic = metadata.topics["__transaction_state"]
+        index = transaction_state_partition(transactional_id, len(topic.partitions))
+        leader: int = topic.partitions[index].leader
+        return leader
+

@@ -1,0 +1,57 @@
+"""tests/apache_kafka.py: the Apache Kafka cluster the Kafka-facing suites run on."""
+
+from __future__ import annotations
+
+from confluent_kafka import Producer
+
+from tests.apache_kafka import (
+    KafkaCluster,
+    java_string_hash,
+    kafka_version,
+    new_cluster_id,
+    transaction_state_partition,
+)
+from tests.kafka import read_topic
+from tests.waiting import wait_until
+
+
+def test_java_string_hash_matches_java() -> None:
+    # Values Java's String.hashCode() gives (checked with java).
+    assert java_string_hash("") == 0
+    assert java_string_hash("a") == 97
+    assert java_string_hash("ferry-agent") == 1341889682
+    assert java_string_hash("polygenelubricants") == -(1 << 31)
+    assert transaction_state_partition("polygenelubricants", 10) == 0  # abs(MIN_VALUE) is 0
+
+
+def test_cluster_ids_are_kafka_uuids() -> None:
+    cluster_id = new_cluster_id()
+    assert len(cluster_id) == 22 and "=" not in cluster_id
+
+
+def test_the_cluster_is_apache_kafka_with_three_in_sync_replicas(
+    apache_kafka: KafkaCluster, unique_topic: str
+) -> None:
+    assert kafka_version().startswith("4.")
+    assert apache_kafka.live_brokers() == {1, 2, 3}
+    apache_kafka.create_topic(unique_topic, 2)
+    assert sorted(apache_kafka.isr(unique_topic, 0)) == [1, 2, 3]
+
+
+def test_a_killed_leader_is_replaced_and_rejoins_when_started(
+    apache_kafka: KafkaCluster, unique_topic: str
+) -> None:
+    apache_kafka.create_topic(unique_topic)
+    leader = apache_kafka.leader(unique_topic)
+    apache_kafka.kill(leader)
+    wait_until(lambda: apache_kafka.leader(unique_topic) not in (leader, -1), timeout=30,
+               message="a new leader elected")
+    producer = Producer({"bootstrap.servers": apache_kafka.bootstrap, "acks": "all"})
+    producer.produce(unique_topic, b"while one node is down")
+    assert producer.flush(30) == 0
+    apache_kafka.start_node(leader)
+    apache_kafka.wait_healthy()
+    assert sorted(apache_kafka.isr(unique_topic)) == [1, 2, 3]
+    assert [m.value for m in read_topic(apache_kafka.bootstrap, unique_topic)] == [
+        b"while one node is down"
+    ]
