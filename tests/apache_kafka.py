@@ -45,7 +45,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not re-expo
     NewTopic,
 )
 
-from tests.kafka import LOOPBACK, free_port, port_accepts
+from tests.kafka import LOOPBACK, TcpProxy, free_port, port_accepts
 from tests.waiting import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -114,6 +114,8 @@ def _sigkill(process: subprocess.Popen[bytes]) -> None:
 class KafkaStartError(RuntimeError):
     """A node did not start or join in time; the message carries the end of its log."""
 
+
+PROXIED = "PROXIED"
 
 _LOG4J2 = """\
 status = warn
@@ -197,6 +199,12 @@ class KafkaCluster:
     at format time as SCRAM-SHA-512 credentials, as ``kafka-storage format --add-scram`` does.
     ``properties`` override the broker settings this module picks.
 
+    ``proxied=True`` adds a client listener ``PROXIED`` on every node, advertised at the port
+    of a :class:`~tests.kafka.TcpProxy` in front of it (:meth:`proxy`), so that clients
+    bootstrapped from :attr:`proxied_bootstrap` send *all* their traffic through the proxies,
+    while the nodes replicate to each other directly: a proxy's ``hold``, ``blackhole`` or
+    ``cut`` acts on the clients' traffic to that node alone.
+
     Use as a context manager, or call :meth:`start` / :meth:`stop`.
     """
 
@@ -212,6 +220,7 @@ class KafkaCluster:
         properties: Mapping[str, str | int] | None = None,
         heap: str = "512m",
         start_timeout: float = 90.0,
+        proxied: bool = False,
     ) -> None:
         if nodes < 1:
             raise ValueError("a cluster needs at least one node")
@@ -223,6 +232,8 @@ class KafkaCluster:
         )
         self.auto_create_topics = auto_create_topics
         self.listeners = tuple(listeners)
+        if proxied:
+            self.listeners += (Listener(PROXIED, "PLAINTEXT"),)
         self.scram_users = dict(scram_users or {})
         self.properties = dict(properties or {})
         self.heap = heap
@@ -238,6 +249,9 @@ class KafkaCluster:
             )
             for i in range(1, nodes + 1)
         ]
+        self._proxies = {
+            node.node_id: TcpProxy(node.extra_ports[PROXIED]) for node in self.nodes
+        } if proxied else {}
         self._formatted = False
 
     # -- addresses ---------------------------------------------------------------------------
@@ -251,6 +265,15 @@ class KafkaCluster:
         """``bootstrap.servers`` for the extra listener called ``name``."""
         return ",".join(f"{LOOPBACK}:{node.extra_ports[name]}" for node in self.nodes)
 
+    @property
+    def proxied_bootstrap(self) -> str:
+        """``bootstrap.servers`` through the proxies (``proxied=True`` only)."""
+        return ",".join(f"{LOOPBACK}:{proxy.port}" for proxy in self._proxies.values())
+
+    def proxy(self, node_id: int) -> TcpProxy:
+        """The TcpProxy in front of node ``node_id``'s PROXIED listener."""
+        return self._proxies[node_id]
+
     def node(self, node_id: int) -> KafkaNode:
         return self.nodes[node_id - 1]
 
@@ -263,7 +286,11 @@ class KafkaCluster:
         for listener in self.listeners:
             listeners.append(f"{listener.name}://{LOOPBACK}:{node.extra_ports[listener.name]}")
             protocols.append(f"{listener.name}:{listener.protocol}")
-        advertised = list(listeners)
+        advertised = [
+            f"{PROXIED}://{LOOPBACK}:{self._proxies[node.node_id].port}"
+            if entry.startswith(f"{PROXIED}://") else entry
+            for entry in listeners
+        ]
         listeners.append(f"CONTROLLER://{LOOPBACK}:{node.controller_port}")
         rf = str(self.replication)
         props = {
@@ -400,9 +427,11 @@ class KafkaCluster:
         self.wait_healthy()
 
     def stop(self) -> None:
-        """SIGKILL every node. Idempotent."""
+        """SIGKILL every node and close the proxies. Idempotent."""
         for node in self.nodes:
             self.kill(node.node_id)
+        for proxy in self._proxies.values():
+            proxy.close()
 
     def __enter__(self) -> Self:
         self.start()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from confluent_kafka import Producer
 
 from tests.apache_kafka import (
@@ -55,3 +57,15 @@ def test_a_killed_leader_is_replaced_and_rejoins_when_started(
     assert [m.value for m in read_topic(apache_kafka.bootstrap, unique_topic)] == [
         b"while one node is down"
     ]
+
+
+def test_a_proxied_cluster_routes_client_traffic_through_its_proxies(tmp_path: Path) -> None:
+    with KafkaCluster(tmp_path, nodes=1, proxied=True) as cluster:
+        cluster.create_topic("through-the-proxy")
+        producer = Producer({"bootstrap.servers": cluster.proxied_bootstrap})
+        producer.produce("through-the-proxy", b"proxied")
+        assert producer.flush(30) == 0
+        assert cluster.proxy(1).bytes_forwarded > 0
+        assert [m.value for m in read_topic(cluster.proxied_bootstrap, "through-the-proxy")] == [
+            b"proxied"
+        ]
