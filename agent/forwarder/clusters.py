@@ -160,7 +160,8 @@ class Cluster:
 
     def _error(self, err: KafkaError) -> None:
         # A cause to show, not a verdict: the probes and the sends decide (health.py).
-        self.health.client_error(err.str())
+        self.health.client_error(err.str(),
+                                 generic=err.code() == KafkaError._ALL_BROKERS_DOWN)
         if self._on_error is not None:
             self._on_error(self.name, err)
 

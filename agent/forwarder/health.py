@@ -83,6 +83,7 @@ class ClusterHealth:
         self._last_ack = float("-inf")
         self._outstanding = 0
         self.last_error = ""  # the client's last error report (e.g. a connect error)
+        self._cause_held = False  # last_error is a specific cause, not answered away since
         self.errors = 0
         self._changes: list[Change] = []
 
@@ -102,6 +103,7 @@ class ClusterHealth:
             self._probe_error = ""
             self._last_probe_time = self._wall()
             self._last_probe_ok = True
+            self._cause_held = False
             self._decide(f"answered a metadata request ({brokers} brokers)")
 
     def probe_failed(self, error: str) -> None:
@@ -114,16 +116,23 @@ class ClusterHealth:
             self._last_probe_ok = False
             self._decide("")
 
-    def client_error(self, error: str) -> None:
+    def client_error(self, error: str, generic: bool = False) -> None:
         """librdkafka's error callback: kept as the likely cause, not a verdict by itself
-        (an idle connection closed by the broker reports "all brokers down" too)."""
+        (an idle connection closed by the broker reports "all brokers down" too).
+
+        ``generic``: "all brokers are down", which librdkafka reports *after* the error that
+        took them down (refused credentials, a failed TLS handshake) and reports only once:
+        it does not replace that cause until the cluster answers again."""
         with self._lock:
-            self.last_error = error
+            if not (generic and self._cause_held):
+                self.last_error = error
+                self._cause_held = not generic
             self.errors += 1
 
     def acknowledged(self) -> None:
         with self._lock:
             self._last_ack = self._clock()
+            self._cause_held = False
             if self.state != "up":
                 self._decide("acknowledged a message")
 

@@ -66,7 +66,8 @@ class Probe:
             self._thread.join(0.5)
 
     def _error(self, err: KafkaError) -> None:
-        self.health.client_error(err.str())
+        self.health.client_error(err.str(),
+                                 generic=err.code() == KafkaError._ALL_BROKERS_DOWN)
 
     def probe_once(self) -> None:
         # The error callback (and the logger) are served from poll(): first the connect

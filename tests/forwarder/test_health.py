@@ -124,3 +124,18 @@ def test_an_acknowledgement_outweighs_a_failing_probe() -> None:
     clock.now += LIMIT * 3
     h.check()
     assert h.state == "up"
+
+
+def test_all_brokers_down_does_not_hide_the_error_that_took_them_down() -> None:
+    """librdkafka reports refused credentials once, then "1/1 brokers are down": the reason
+    must keep naming the credentials until the cluster answers again (issue #31)."""
+    h, _ = health()
+    h.client_error("sasl_ssl://127.0.0.1:9093/1: SASL authentication error: Authentication "
+                   "failed during authentication due to invalid credentials")
+    h.client_error("1/1 brokers are down", generic=True)
+    h.probe_failed("Failed while waiting for controller: Local: Timed out")
+    assert h.state == "down" and "invalid credentials" in h.reason
+    assert h.snapshot().errors == 2
+    h.probe_answered(1)
+    h.client_error("1/1 brokers are down", generic=True)  # answered since: news again
+    assert h.last_error == "1/1 brokers are down"
