@@ -858,13 +858,17 @@ class Forwarder:
             st.waiting_since = now
             return
         local = self.clusters[LOCAL]
-        if (st.stuck is None and topic in self._present
-                and now - st.waiting_since >= local.config.outage_after_seconds):
-            h = local.health
-            self._stuck(topic, NO_PARTITIONS, LOCAL,
-                        f"its partitions are not known after {now - st.waiting_since:.0f} s; "
-                        f"cluster {LOCAL} is {h.state}" + (f": {h.reason}" if h.reason else ""),
-                        False)
+        if topic not in self._present or now - st.waiting_since < local.config.outage_after_seconds:
+            return
+        h = local.health
+        detail = (f"its partitions are not known after {now - st.waiting_since:.0f} s; "
+                  f"cluster {LOCAL} is {h.state}" + (f": {h.reason}" if h.reason else ""))
+        if st.stuck is None:
+            self._stuck(topic, NO_PARTITIONS, LOCAL, detail, False)
+        elif st.stuck.error == NO_PARTITIONS:
+            # Kept current, not frozen at the moment it began: the cluster's verdict (and its
+            # cause, e.g. refused credentials) often comes after the topic began to wait.
+            st.stuck.detail = detail
 
     def _unstuck(self, topic: str, st: _TopicState) -> None:
         stuck = st.stuck
