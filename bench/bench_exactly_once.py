@@ -2,9 +2,10 @@
 
     .venv/bin/python bench/bench_exactly_once.py [--messages 200000] [--rounds 2]
                                                  [--intervals 20,100,500]
+                                                 [--broker kafka|tansu]
 
 Rate: a buffer pre-filled with ``--messages`` 200-byte messages of one topic is drained into
-tansu by the whole agent (ingest + forwarder processes), once with the topic's default
+the broker by the whole agent (ingest + forwarder processes), once with the topic's default
 ``delivery = "at_least_once"`` and once with ``"exactly_once"`` (``acks = "all"`` for both,
 so only the delivery differs), alternating for ``--rounds`` rounds. Timed from the first
 message leaving the buffer to the buffer being empty (sampled every 10 ms), so the start-up
@@ -14,6 +15,10 @@ Latency: for at-least-once and for each ``forwarder.transaction_interval_ms`` of
 ``--intervals``, 2,000 datagrams at 1,000/s, each carrying its send time; a consumer with
 ``isolation.level=read_committed`` (``read_uncommitted`` for at-least-once) notes when each
 becomes visible. Prints p50 / p99 of send -> visible.
+
+The broker (``bench/brokers.py``): a 3-node Apache Kafka cluster (RF 3,
+``min.insync.replicas`` 2) by default, ``--broker tansu`` for one tansu process. Each drain
+prints the broker's CPU per message too (every node's JVM together, over the drain).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import hostspeed  # noqa: E402  (bench/, the script's own directory)
+from brokers import BenchBroker, CpuMeter, add_broker_option, start_broker  # noqa: E402
 from confluent_kafka import Consumer, TopicPartition  # noqa: E402
 
 from agent.buffer.store import Store  # noqa: E402
@@ -41,7 +47,6 @@ from agent.metrics import Registry  # noqa: E402
 from agent.records import Record  # noqa: E402
 from ferry_client import FerryClient  # noqa: E402
 from tests.agent_harness import write_config  # noqa: E402
-from tests.kafka import Broker, create_topic  # noqa: E402
 from tests.waiting import wait_until  # noqa: E402
 
 PARTITIONS = 8
@@ -56,11 +61,14 @@ def _config(root: Path, bootstrap: str, topic: str, delivery: str, interval_ms: 
                                    "transaction_interval_ms": interval_ms})
 
 
-def drain_rate(bootstrap: str, delivery: str, messages: int, interval_ms: int) -> float:
+def drain_rate(broker: BenchBroker, delivery: str, messages: int,
+               interval_ms: int) -> tuple[float, float]:
+    """(messages per second, the broker's CPU microseconds per message) of one drain."""
     topic = f"rate-{delivery}-{uuid.uuid4().hex[:6]}"
-    create_topic(bootstrap, topic, PARTITIONS)
+    broker.create_topic(topic, PARTITIONS)
+    meter = CpuMeter(broker)
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config(_config(Path(tmp), bootstrap, topic, delivery, interval_ms))
+        cfg = load_config(_config(Path(tmp), broker.bootstrap, topic, delivery, interval_ms))
         with Store(cfg.buffer.path, cfg.buffer.max_bytes) as store:
             value = b"v" * 200
             for start in range(0, messages, 20_000):
@@ -77,6 +85,7 @@ def drain_rate(bootstrap: str, delivery: str, messages: int, interval_ms: int) -
                 now = time.perf_counter()
                 if first is None and left < messages:
                     first = now
+                    meter.start()
                 if left == 0:
                     end = now
                     break
@@ -90,13 +99,14 @@ def drain_rate(bootstrap: str, delivery: str, messages: int, interval_ms: int) -
         # worth printing (a whole drain between two samples once printed 2e9 msg/s).
         sys.exit(f"{delivery}: {messages} messages drained within {end - first:.3f} s, too "
                  "few to time at a 10 ms sampling interval: use more --messages")
-    return messages / (end - first)
+    return messages / (end - first), meter.per_message_us(messages)
 
 
-def latency(bootstrap: str, delivery: str, interval_ms: int, count: int = 2000,
+def latency(broker: BenchBroker, delivery: str, interval_ms: int, count: int = 2000,
             rate: float = 1000.0) -> tuple[float, float]:
+    bootstrap = broker.bootstrap
     topic = f"lat-{delivery}-{interval_ms}-{uuid.uuid4().hex[:6]}"
-    create_topic(bootstrap, topic, PARTITIONS)
+    broker.create_topic(topic, PARTITIONS)
     seen: dict[int, float] = {}
     stop = threading.Event()
     consumer = Consumer({
@@ -151,28 +161,31 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--intervals", default="20,100,500")
+    add_broker_option(ap)
     args = ap.parse_args()
     # Before any load: how fast this host is now (bench/hostspeed.py).
     print(hostspeed.describe(Path(tempfile.gettempdir())), flush=True)
     intervals = [int(x) for x in args.intervals.split(",") if x]
-    with tempfile.TemporaryDirectory() as tmp, Broker(log_path=Path(tmp) / "tansu.log") as b:
+    with tempfile.TemporaryDirectory() as tmp, start_broker(args.broker, Path(tmp)) as b:
+        print(b.describe())
         print(f"machine: {os.cpu_count()} cores; {args.messages} x 200 B per drain; "
               f"{PARTITIONS} partitions; acks=all")
         rates: dict[str, list[float]] = {"at_least_once": [], "exactly_once": []}
         for r in range(args.rounds):
             for delivery in rates:
-                rate = drain_rate(b.bootstrap, delivery, args.messages, 100)
+                rate, broker_us = drain_rate(b, delivery, args.messages, 100)
                 rates[delivery].append(rate)
-                print(f"round {r + 1}: {delivery:<14} drained at {rate:,.0f} msg/s")
+                print(f"round {r + 1}: {delivery:<14} drained at {rate:,.0f} msg/s; broker "
+                      f"CPU {broker_us:.1f} us per message")
         alo = statistics.median(rates["at_least_once"])
         eo = statistics.median(rates["exactly_once"])
         print(f"median: at-least-once {alo:,.0f} msg/s, exactly-once {eo:,.0f} msg/s "
               f"(transaction_interval_ms 100): ratio {eo / alo:.2f}")
-        p50, p99 = latency(b.bootstrap, "at_least_once", 100)
+        p50, p99 = latency(b, "at_least_once", 100)
         print(f"latency at_least_once (read_uncommitted): p50 {p50 * 1000:.1f} ms, "
               f"p99 {p99 * 1000:.1f} ms")
         for interval in intervals:
-            p50, p99 = latency(b.bootstrap, "exactly_once", interval)
+            p50, p99 = latency(b, "exactly_once", interval)
             print(f"latency exactly_once, transaction_interval_ms {interval} "
                   f"(read_committed): p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms")
 

@@ -1,8 +1,8 @@
-"""Forwarder alone: a pre-filled buffer drained into a real tansu broker, in this process.
+"""Forwarder alone: a pre-filled buffer drained into a real broker, in this process.
 
     .venv/bin/python bench/bench_forwarder.py [--messages 300000] [--topics 4] [--profile]
                                               [--no-tune-gc] [--no-track]
-                                              [--acks leader|all]
+                                              [--acks leader|all] [--broker kafka|tansu]
 
 Fills a buffer with ``--messages`` 200-byte messages (half AnyPartition, half PartitionKey)
 over ``--topics`` topics, then runs the forwarder's loop until every message is acknowledged
@@ -16,6 +16,10 @@ partitions from memory until every one is acknowledged; and the ratio of the two
 (``--no-baseline`` skips it). ``--acks`` sets the topics' ack level, and so the baseline's
 (default: the shipped default, ``leader``: acks=1, one request in flight per connection;
 ``all`` is idempotent with up to five).
+
+The broker (``bench/brokers.py``): a 3-node Apache Kafka cluster, RF 3 and
+``min.insync.replicas`` 2, by default; ``--broker tansu`` for one tansu process. For each of
+the two runs the broker's CPU per message is printed (every node's JVM together).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from confluent_kafka import KafkaError, Message, Producer
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import hostspeed  # noqa: E402  (bench/, the script's own directory)
+from brokers import CpuMeter, add_broker_option, start_broker  # noqa: E402
 
 from agent.buffer.store import Store  # noqa: E402
 from agent.config import FerryConfig, ForwarderConfig, TopicConfig, load_config  # noqa: E402
@@ -45,7 +50,6 @@ from agent.gc_tuning import freeze_startup_heap  # noqa: E402
 from agent.metrics import Registry  # noqa: E402
 from agent.records import Record  # noqa: E402
 from tests.agent_harness import write_config  # noqa: E402
-from tests.kafka import Broker, create_topic  # noqa: E402
 
 
 def _cpu() -> float:
@@ -125,13 +129,15 @@ def main() -> None:
     ap.add_argument("--no-track", action="store_true",
                     help="status.track_messages = false: no tracking entry per message "
                          "(the default keeps one, for GET /messages/{id})")
+    add_broker_option(ap)
     args = ap.parse_args()
     # Before any load: how fast this host is now (bench/hostspeed.py).
     print(hostspeed.describe(Path(tempfile.gettempdir())), flush=True)
     topics = [f"fwd-bench-{i}" for i in range(args.topics)]
-    with tempfile.TemporaryDirectory() as tmp, Broker(log_path=Path(tmp) / "tansu.log") as broker:
+    with tempfile.TemporaryDirectory() as tmp, start_broker(args.broker, Path(tmp)) as broker:
         for t in topics:
-            create_topic(broker.bootstrap, t, 8)
+            broker.create_topic(t, 8)
+        meter = CpuMeter(broker)
         cfg = load_config(write_config(Path(tmp), broker.bootstrap, http=False,
                                        buffer={"max_bytes": 8 * 1024**3},
                                        forwarder=_forwarder_settings(args),
@@ -152,6 +158,7 @@ def main() -> None:
             if not args.no_tune_gc:  # as the forwarder process does after its startup
                 freeze_startup_heap(GC_GEN0_THRESHOLD)
             profiler = cProfile.Profile() if args.profile else None
+            meter.start()
             cpu0, t0, main0 = _cpu(), time.perf_counter(), time.thread_time()
             deadline = t0 + args.timeout
             if profiler:
@@ -166,10 +173,12 @@ def main() -> None:
                 profiler.disable()
             took, cpu = time.perf_counter() - t0, _cpu() - cpu0
             main_cpu = time.thread_time() - main0
+            broker_us = meter.per_message_us(registry.view().total("messages_delivered"))
             delivered = registry.view().total("messages_delivered")
             forwarder.shutdown()
             for c in forwarder.clusters.values():
                 c.close(5.0)
+        print(broker.describe())
         print(f"machine: {os.cpu_count()} cores; {args.messages} x {args.size} B over "
               f"{args.topics} topics (buffer filled in {fill:.1f} s); "
               f"forwarder.linger_ms {cfg.forwarder.linger_ms:g}; acks {args.acks}; tracking "
@@ -179,15 +188,18 @@ def main() -> None:
         print(f"forwarder process CPU: {cpu:.2f} s = {cpu / max(delivered, 1) * 1e6:.1f} us "
               "per message, of which the forwarder's own thread "
               f"{main_cpu / max(delivered, 1) * 1e6:.1f} us (the rest: librdkafka's threads)")
+        print(f"broker CPU during the drain: {broker_us:.1f} us per message")
         if profiler:
             pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
             pstats.Stats(profiler).sort_stats("cumulative").print_stats(20)
         if not args.no_baseline:
+            meter.start()
             acked, ptook, pcpu = plain_producer(broker.bootstrap, cfg, topics, args.messages,
                                                 value, args.timeout, args.acks)
+            broker_us = meter.per_message_us(acked)
             print(f"plain producer, same messages and broker: {acked} in {ptook:.2f} s = "
                   f"{acked / ptook:,.0f} msg/s, {pcpu / max(acked, 1) * 1e6:.1f} us CPU per "
-                  "message")
+                  f"message; broker CPU {broker_us:.1f} us per message")
             print(f"drain / plain producer: {(delivered / took) / (acked / ptook):.2f}")
 
 

@@ -3,8 +3,10 @@
     .venv/bin/python bench/bench_http.py [--mode single|batch|both] [--seconds 10]
         [--connections 50] [--size 200] [--batch 1000] [--client wrk|python] [--kafka]
         [--dir PATH] [--linger-ms MS] [--switch-interval S] [--no-tune-gc]
+        [--broker kafka|tansu]
     .venv/bin/python bench/bench_http.py --compare [--seconds 10] [--size 200]
         [--compare-connections 1,50,200] [--producer-linger-ms MS] [--rounds N]
+        [--broker kafka|tansu]
 
 The server is Ferry's HTTP stage as in production (``create_app`` + ``HttpServer``: Ferry's
 protocol over httptools' parser, on uvloop) over a real ``Store`` and group ``Committer``
@@ -15,8 +17,11 @@ request in flight per connection, ``--connections`` in total.
 
 Without ``--kafka`` nothing forwards the buffer, so topics use ack_timeout_ms = 0: every
 answer is a 202, i.e. "committed and fsynced". With ``--kafka`` the full agent runs
-(``ferry run``, forwarder process, tansu broker) and the topic keeps ack_timeout_ms = 65, so
+(``ferry run``, forwarder process, a real broker) and the topic keeps ack_timeout_ms = 65, so
 answers are 201 when Kafka acknowledged in time: that measures the Hermes-style 201 path.
+The broker, for ``--kafka`` and ``--compare`` (``bench/brokers.py``): a 3-node Apache Kafka
+cluster (RF 3, ``min.insync.replicas`` 2) by default, ``--broker tansu`` for one tansu
+process; either way the broker's CPU per request is printed (every node's JVM together).
 
 ``--compare`` (issue 18) runs wrk at 50 and 200 connections (``--compare-connections``; 1
 shows one request's latency alone) against one full agent and one real broker: the default
@@ -57,6 +62,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import hostspeed  # noqa: E402  (bench/, the script's own directory)
+from brokers import BenchBroker, CpuMeter, add_broker_option, start_broker  # noqa: E402
 
 TOPIC = "bench"
 _LENGTH = re.compile(rb"content-length: *(\d+)", re.IGNORECASE)
@@ -369,7 +375,7 @@ def main() -> None:
                     help="leave the garbage collector as CPython sets it (HttpServer "
                     "otherwise freezes the startup heap and raises the young threshold)")
     ap.add_argument("--kafka", action="store_true",
-                    help="full agent + tansu broker; topic ack_timeout_ms=65 (201 path)")
+                    help="full agent + broker (--broker); topic ack_timeout_ms=65 (201 path)")
     ap.add_argument("--compare", action="store_true",
                     help="issue 18: wrk at 50 and 200 connections, full agent and broker, "
                     "201 (default) against 202-only, beside a do-nothing asyncio server")
@@ -383,6 +389,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1,
                     help="--compare: pairs per connection count, alternating which mode "
                     "goes first; the ratio is judged by the median of the pairs")
+    add_broker_option(ap)
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
@@ -448,19 +455,23 @@ def main() -> None:
 
 def _with_kafka(modes: list[str], args: argparse.Namespace) -> None:
     from tests.agent_harness import AgentProcess, wait_drained, write_config
-    from tests.kafka import Broker, create_topic, read_topic
+    from tests.kafka import read_topic
 
-    with tempfile.TemporaryDirectory() as tmp, \
-            Broker(log_path=Path(tmp) / "tansu.log") as broker:
-        create_topic(broker.bootstrap, TOPIC, 8)
+    with tempfile.TemporaryDirectory() as tmp, start_broker(args.broker, Path(tmp)) as broker:
+        print(broker.describe(), flush=True)
+        broker.create_topic(TOPIC, 8)
         path = write_config(Path(tmp) / "agent", broker.bootstrap,
                             buffer={"max_bytes": 8 * 1024**3})
         agent = AgentProcess(path).start()
+        meter = CpuMeter(broker)
         try:
             port = agent.config.http.port
             total = 0
             for mode in modes:
+                meter.start()
                 result = run_mode(port, mode, args)
+                result["broker_cpu_us_per_request"] = round(
+                    meter.seconds() / max(1, result["requests"]) * 1e6, 1)
                 total += result["acknowledged_messages"]
                 print(json.dumps(result))
             wait_drained(agent, timeout=600)
@@ -496,7 +507,7 @@ def _children(pid: int) -> list[int]:
 
 def _agent_cpu(pid: int) -> tuple[float, float]:
     """CPU seconds of the agent: its ingest process (HTTP stage, writer) and its children
-    (the forwarder process; the tansu broker is not one of them)."""
+    (the forwarder process; the broker is not one of them)."""
     children = 0.0
     for child in _children(pid):
         try:
@@ -545,15 +556,15 @@ def _null_server(conn: Connection) -> None:
 
 
 def _measured(pid: int, port: int, topic: str, connections: int, args: argparse.Namespace,
-              broker_pid: int | None = None) -> dict[str, Any]:
+              broker: BenchBroker | None = None) -> dict[str, Any]:
     args.connections = connections
     ingest, forwarder = _agent_cpu(pid)
-    broker = _process_cpu(broker_pid) if broker_pid else 0.0
+    broker_cpu = broker.cpu_seconds() if broker is not None else 0.0
     client = resource.getrusage(resource.RUSAGE_CHILDREN)
     result = _run_wrk(port, f"/topics/{topic}", b"v" * args.size, "application/octet-stream",
                       args)
     ingest_after, forwarder_after = _agent_cpu(pid)
-    broker_after = _process_cpu(broker_pid) if broker_pid else 0.0
+    broker_after = broker.cpu_seconds() if broker is not None else 0.0
     client_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     n = max(1, result["requests"])
     result["requests_per_s"] = round(result["requests"] / result["elapsed_s"])
@@ -562,7 +573,7 @@ def _measured(pid: int, port: int, topic: str, connections: int, args: argparse.
     result["forwarder_cpu_us_per_request"] = round((forwarder_after - forwarder) / n * 1e6, 1)
     # Where the rest of the two cores went: the broker, and wrk (the only child that ends
     # during the run, so the children's usage delta is its own).
-    result["broker_cpu_us_per_request"] = round((broker_after - broker) / n * 1e6, 1)
+    result["broker_cpu_us_per_request"] = round((broker_after - broker_cpu) / n * 1e6, 1)
     wrk = (client_after.ru_utime + client_after.ru_stime
            - client.ru_utime - client.ru_stime)
     result["wrk_cpu_us_per_request"] = round(wrk / n * 1e6, 1)
@@ -575,13 +586,14 @@ def _compare(args: argparse.Namespace) -> None:
     (ack_timeout_ms 0), interleaved; then a do-nothing asyncio server for the CPU floor."""
     from agent.config import ForwarderConfig
     from tests.agent_harness import AgentProcess, wait_drained, write_config
-    from tests.kafka import Broker, create_topic, read_topic
+    from tests.kafka import read_topic
 
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp, \
-            Broker(log_path=Path(tmp) / "tansu.log") as broker:
+            start_broker(args.broker, Path(tmp)) as broker:
+        print(broker.describe(), flush=True)
         for topic in (TOPIC, TOPIC_202):
-            create_topic(broker.bootstrap, topic, 8)
+            broker.create_topic(topic, 8)
         # The forwarder as configured by default (the test harness lowers linger_ms to 1).
         linger = (ForwarderConfig().linger_ms if args.producer_linger_ms is None
                   else args.producer_linger_ms)
@@ -601,7 +613,7 @@ def _compare(args: argparse.Namespace) -> None:
                     # Alternate which mode goes first: a host slowing down during the
                     # round must not always count against the same one.
                     for topic, label in pair if n % 2 == 0 else pair[::-1]:
-                        r = _measured(pid, port, topic, connections, args, broker.pid)
+                        r = _measured(pid, port, topic, connections, args, broker)
                         acked += r["ok"]
                         rows.append({"server": "ferry", "mode": label, "round": n + 1,
                                      "connections": connections, **r})

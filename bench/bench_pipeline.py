@@ -2,11 +2,14 @@
 
     .venv/bin/python bench/bench_pipeline.py [--messages 1000000] [--senders 2] [--size 200]
                                              [--client-encode] [--dgram-qlen 4096]
+                                             [--broker kafka|tansu]
 
 Senders run in their own processes with blocking sends (a full socket queue makes them wait,
 so nothing is dropped); they send one pre-encoded datagram over and over, as a load
 generator should (``--client-encode``: encode each with ``FerryClient.send`` instead). The
-agent runs as in production: ingest process + forwarder process.
+agent runs as in production: ingest process + forwarder process. The broker is a 3-node
+Apache Kafka cluster (RF 3, min.insync.replicas 2) or, with ``--broker tansu``, one tansu
+process (``bench/brokers.py``); the CPU line counts every broker process (all three JVMs).
 
 The kernel's ``net.unix.max_dgram_qlen`` (default 10) caps how many datagrams wait on the
 socket; the deb/rpm packages raise it to 4096. ``--dgram-qlen N`` (root only) sets it for the
@@ -36,6 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import hostspeed  # noqa: E402  (bench/, the script's own directory)
+from brokers import add_broker_option, start_broker  # noqa: E402
 
 from agent.config import ForwarderConfig, load_config  # noqa: E402
 from agent.daemon import Agent  # noqa: E402
@@ -43,7 +47,6 @@ from agent.metrics import Registry  # noqa: E402
 from ferry_client import FerryClient  # noqa: E402
 from ferry_client.wire import encode_any_partition  # noqa: E402
 from tests.agent_harness import write_config  # noqa: E402
-from tests.kafka import Broker, create_topic  # noqa: E402
 from tests.waiting import wait_until  # noqa: E402
 
 
@@ -88,6 +91,12 @@ def cpu_split(pid: int, children: bool = False) -> tuple[float, float]:
     first = 13 if children else 11  # utime stime | cutime cstime
     tick = os.sysconf("SC_CLK_TCK")
     return int(fields[first]) / tick, int(fields[first + 1]) / tick
+
+
+def cpu_split_all(pids: list[int]) -> tuple[float, float]:
+    """(user, system) CPU seconds of several live processes together (a cluster's nodes)."""
+    splits = [cpu_split(pid) for pid in pids]
+    return sum(u for u, _ in splits), sum(s for _, s in splits)
 
 
 def time_commits(agent: Agent) -> list[float]:
@@ -162,6 +171,7 @@ def main() -> None:
     ap.add_argument("--dgram-qlen", type=int, default=None,
                     help="set net.unix.max_dgram_qlen for the run (needs root); "
                          "the packages use 4096")
+    add_broker_option(ap)
     args = ap.parse_args()
     # Before any load: how fast this host is now (bench/hostspeed.py).
     print(hostspeed.describe(Path(tempfile.gettempdir())), flush=True)
@@ -183,8 +193,8 @@ def run(args: argparse.Namespace) -> None:
     topic = "bench"
     per = args.messages // args.senders
     total = per * args.senders
-    with tempfile.TemporaryDirectory() as tmp, Broker(log_path=Path(tmp) / "tansu.log") as broker:
-        create_topic(broker.bootstrap, topic, 8)
+    with tempfile.TemporaryDirectory() as tmp, start_broker(args.broker, Path(tmp)) as broker:
+        broker.create_topic(topic, 8)
         cfg = load_config(write_config(Path(tmp), broker.bootstrap, http=False,
                                        buffer={"max_bytes": 8 * 1024**3},
                                        forwarder=_forwarder_settings(args)))
@@ -216,9 +226,9 @@ def run(args: argparse.Namespace) -> None:
                 peak["rss"] = max(peak["rss"], now)
 
         threading.Thread(target=watch_rss, daemon=True).start()
-        pids = {"ingest": os.getpid(), "forwarder": agent.forwarder.pid or 0,
-                "broker": broker.pid or 0}
-        cpu0 = {name: cpu_split(pid) for name, pid in pids.items()}
+        pids = {"ingest": [os.getpid()], "forwarder": [agent.forwarder.pid or 0],
+                "broker": broker.pids()}
+        cpu0 = {name: cpu_split_all(p) for name, p in pids.items()}
         t0 = time.perf_counter()
         go.set()
         accepted_at = delivered_at = None
@@ -240,8 +250,8 @@ def run(args: argparse.Namespace) -> None:
             wait_until(lambda: registry.view().total("messages_delivered") >= total,
                        timeout=10, message="the forwarder's delivery counters")
         # CPU per process over the run (ingest includes this script's sampling loop).
-        split = {name: tuple(b - a for a, b in zip(cpu0[name], cpu_split(pid), strict=True))
-                 for name, pid in pids.items()}
+        split = {name: tuple(b - a for a, b in zip(cpu0[name], cpu_split_all(p), strict=True))
+                 for name, p in pids.items()}
         cpu = {name: user + system for name, (user, system) in split.items()}
         children0 = cpu_seconds(os.getpid(), children=True)
         for p in procs:
@@ -254,6 +264,7 @@ def run(args: argparse.Namespace) -> None:
                          v.total("messages_delivered"))
         agent.stop()
         end = accepted_at or time.perf_counter()
+        print(broker.describe())
         print(f"machine: {os.cpu_count()} cores; messages: {total} x {args.size} B; "
               f"senders: {args.senders}; net.unix.max_dgram_qlen: {QLEN.read_text().strip()}; "
               f"writer thread nice: {writer_nice}; forwarder.linger_ms {cfg.forwarder.linger_ms:g}")
