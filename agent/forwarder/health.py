@@ -16,6 +16,11 @@ The rules (docs/design.md, "Cluster state"):
   whichever is later). An idle cluster has nothing outstanding, so idleness never counts;
 - otherwise ``up``.
 
+While sends go unanswered for ``outage_after_seconds`` and probes still answer, the probe
+asks the cluster whether partitions are below ``min.insync.replicas``
+(agent/forwarder/insync.py): if so, that is the cause the reason names, rather than the
+client's last error (with nodes down, a connect error to one of them, which is not why).
+
 Pure logic with an explicit clock (monotonic seconds), so the rules are unit-tested without a
 broker. The probe thread and the forwarder's thread both call in; a lock keeps it whole.
 """
@@ -53,11 +58,13 @@ class Snapshot:
     last_probe_ok: bool | None
     last_error: str
     errors: int
+    in_sync_shortfall: str = ""
 
     def to_json(self) -> dict[str, object]:
         return {"state": self.state, "reason": self.reason, "since": self.since,
                 "last_probe_time": self.last_probe_time, "last_probe_ok": self.last_probe_ok,
-                "last_error": self.last_error, "errors": self.errors}
+                "last_error": self.last_error, "errors": self.errors,
+                "in_sync_shortfall": self.in_sync_shortfall}
 
 
 class ClusterHealth:
@@ -83,6 +90,7 @@ class ClusterHealth:
         self._last_ack = float("-inf")
         self._outstanding = 0
         self.last_error = ""  # the client's last error report (e.g. a connect error)
+        self.in_sync_shortfall = ""  # insync.describe() of the probe's last diagnosis
         self._cause_held = False  # last_error is a specific cause, not answered away since
         self.errors = 0
         self._changes: list[Change] = []
@@ -132,6 +140,7 @@ class ClusterHealth:
     def acknowledged(self) -> None:
         with self._lock:
             self._last_ack = self._clock()
+            self.in_sync_shortfall = ""  # writes are taken again
             self._cause_held = False
             if self.state != "up":
                 self._decide("acknowledged a message")
@@ -147,6 +156,19 @@ class ClusterHealth:
             elif self._busy_since is None:
                 self._busy_since = now
             self._outstanding = outstanding
+            self._decide("")
+
+    def stalled(self) -> bool:
+        """Sends outstanding and none acknowledged for ``outage_after_seconds``: the time to
+        ask the cluster why (insync.py), as the probe does."""
+        busy = self._busy_since
+        return busy is not None and (self._clock() - max(busy, self._last_ack)
+                                     >= self.outage_after)
+
+    def diagnosed(self, shortfall: str) -> None:
+        """The probe's in-sync replica diagnosis while stalled ("" : nothing short)."""
+        with self._lock:
+            self.in_sync_shortfall = shortfall
             self._decide("")
 
     def check(self) -> None:
@@ -174,8 +196,9 @@ class ClusterHealth:
         if busy is not None:
             quiet = now - max(busy, self._last_ack)
             if quiet >= limit:
+                why = f": {self.in_sync_shortfall}" if self.in_sync_shortfall else cause
                 return "down", (f"{self._outstanding} messages sent, none acknowledged for "
-                                f"{quiet:.0f} s{cause}")
+                                f"{quiet:.0f} s{why}")
         if self._answered or self._last_ack > float("-inf"):
             return "up", ""
         if failing is not None and self._last_ack < failing:
@@ -205,4 +228,5 @@ class ClusterHealth:
     def snapshot(self) -> Snapshot:
         with self._lock:
             return Snapshot(self.state, self.reason, self._since_wall, self._last_probe_time,
-                            self._last_probe_ok, self.last_error, self.errors)
+                            self._last_probe_ok, self.last_error, self.errors,
+                            self.in_sync_shortfall)

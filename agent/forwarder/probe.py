@@ -19,6 +19,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from agent.config import KafkaClusterConfig
+from agent.forwarder import insync
 from agent.forwarder.health import ClusterHealth
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,9 @@ class Probe:
             self.health.probe_failed(f"{type(exc).__name__}: {exc}")
         else:
             self.health.probe_answered(len(desc.nodes))
+            if self.health.stalled():
+                # Answering, yet not acknowledging: ask why (agent/forwarder/insync.py).
+                self.health.diagnosed(insync.diagnose(self._admin, self.timeout))
 
     def _run(self) -> None:
         while not self._stop.is_set():
