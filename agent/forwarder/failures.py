@@ -123,6 +123,18 @@ def needs_operator(code: int) -> bool:
     return p is not None and p.operator
 
 
+# Operator errors that are not the cluster's answer about a message: with these the client
+# never got as far as asking.
+_NOT_ANSWERS = frozenset({_E.SASL_AUTHENTICATION_FAILED, _E._AUTHENTICATION, _E._SSL})
+
+
+def answered(code: int) -> bool:
+    """True when the error is the cluster's verdict on the message or its topic (discarded,
+    or only an operator can fix it): proof the cluster answers, for its state (health.py)."""
+    p = POLICY.get(code)
+    return p is not None and (p.action == "discard" or p.operator) and code not in _NOT_ANSWERS
+
+
 def name(code: int) -> str:
     """The error's name as the metrics label and the page show it (e.g. TOPIC_AUTHORIZATION_
     FAILED)."""

@@ -785,6 +785,8 @@ class Forwarder:
             # An idempotent producer whose id the cluster forgot (e.g. a cluster rebuilt
             # from scratch) never recovers by itself: start a fresh one.
             self._replace_producer(cluster, f.settings.acks, err)
+        if failures.answered(code):
+            self.clusters[cluster].health.answered()  # the cluster is up, the message is not
         permanent = failures.discards(code)
         if not permanent and code != KafkaError._PURGE_QUEUE:
             purge.add((cluster, f.settings.acks))

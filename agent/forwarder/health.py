@@ -88,6 +88,7 @@ class ClusterHealth:
         self._last_probe_ok: bool | None = None
         self._busy_since: float | None = None  # sends outstanding since (None: none)
         self._last_ack = float("-inf")
+        self._last_answer = float("-inf")  # a send refused by the cluster's own verdict
         self._outstanding = 0
         self.last_error = ""  # the client's last error report (e.g. a connect error)
         self.in_sync_shortfall = ""  # insync.describe() of the probe's last diagnosis
@@ -145,6 +146,18 @@ class ClusterHealth:
             if self.state != "up":
                 self._decide("acknowledged a message")
 
+    def answered(self) -> None:
+        """A send failed with the cluster's verdict on it (an unknown topic, an ACL, a
+        message too large: failures.answered): the cluster answers, so its sends do not count
+        as unanswered from before this. Not an acknowledgement: it neither outweighs failing
+        probes nor says anything got through. Without it, one topic missing on the cluster
+        (its messages retried, so always outstanding) made the whole cluster down, and sent
+        every fallback topic to the remote one."""
+        with self._lock:
+            self._last_answer = self._clock()
+            if self.state == "down" and self._busy_since is not None:
+                self._decide("answered a send (with an error about the message)")
+
     def sends(self, outstanding: int) -> None:
         """How many sends the cluster holds unanswered now (called every forwarder step)."""
         if outstanding == self._outstanding and (outstanding == 0 or self.state == "down"):
@@ -194,7 +207,7 @@ class ClusterHealth:
                                 f"({self._probe_error}){cause}")
         busy = self._busy_since
         if busy is not None:
-            quiet = now - max(busy, self._last_ack)
+            quiet = now - max(busy, self._last_ack, self._last_answer)
             if quiet >= limit:
                 why = f": {self.in_sync_shortfall}" if self.in_sync_shortfall else cause
                 return "down", (f"{self._outstanding} messages sent, none acknowledged for "

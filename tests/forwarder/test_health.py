@@ -139,3 +139,32 @@ def test_all_brokers_down_does_not_hide_the_error_that_took_them_down() -> None:
     h.probe_answered(1)
     h.client_error("1/1 brokers are down", generic=True)  # answered since: news again
     assert h.last_error == "1/1 brokers are down"
+
+
+def test_a_send_refused_by_the_clusters_verdict_is_an_answer_not_an_outage() -> None:
+    """One topic missing on the cluster (auto-create off) kept its messages outstanding and
+    unacknowledged, and the whole cluster was called down (issue #31)."""
+    h, clock = health()
+    h.probe_answered(1)
+    h.sends(50)
+    clock.now += LIMIT - 1
+    h.answered()  # UNKNOWN_TOPIC_OR_PART for one of them
+    clock.now += LIMIT - 1
+    h.sends(50)
+    h.check()
+    assert h.state == "up"
+    clock.now += 2  # nothing at all for the limit: down, as before
+    h.check()
+    assert h.state == "down"
+    h.answered()
+    assert h.state == "up"
+
+
+def test_an_answer_does_not_outweigh_failing_probes() -> None:
+    h, clock = health()
+    h.probe_answered(1)
+    h.probe_failed("Local: Timed out")
+    clock.now += LIMIT
+    h.answered()
+    h.probe_failed("Local: Timed out")
+    assert h.state == "down"
