@@ -47,7 +47,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -363,18 +363,28 @@ class Load:
 
 def run_crash_check(
     root: Path,
-    broker: Broker,
+    broker: Broker | str,
     *,
     kills: int,
     duration: float | None = None,
     seed: int | None = None,
     log: Callable[[str], None] = lambda line: None,
     exactly_once: bool = False,
+    kill_modes: Sequence[str] | None = None,
 ) -> Report:
     """SIGKILL the agent ``kills`` times (fewer if ``duration`` seconds run out) under load on
-    all three inputs, then check Kafka. ``root`` holds the agent's state and logs."""
+    all three inputs, then check Kafka. ``root`` holds the agent's state and logs.
+
+    ``broker``: a tansu :class:`Broker`, or the ``bootstrap.servers`` of any cluster (e.g. an
+    Apache Kafka cluster's); the checker only ever talks to it through that address.
+    ``kill_modes``: the kill points to take in turn instead of random ones, so that a short
+    run (a few kills) still lands in each of them."""
+    bootstrap = broker if isinstance(broker, str) else broker.bootstrap
     seed = random.randrange(2**32) if seed is None else seed
     rng = random.Random(seed)
+    unknown = set(kill_modes or ()) - set(KILL_MODES)
+    if unknown:
+        raise ValueError(f"unknown kill modes {sorted(unknown)}; known: {KILL_MODES}")
     tag = uuid.uuid4().hex[:8]
     names = streams(exactly_once)
     topics = {name: f"crash-{tag}-{name}" for name in names}
@@ -385,7 +395,7 @@ def run_crash_check(
     for name in names:
         if is_exactly_once(name):
             settings.setdefault(topics[name], {}).update(delivery="exactly_once", acks="all")
-    config = write_config(root, broker.bootstrap, http=True, spool=True, topics=settings,
+    config = write_config(root, bootstrap, http=True, spool=True, topics=settings,
                           forwarder={"retry_backoff_max_ms": 1000})
     spool_dir = root / "spool"
     spool_dir.mkdir(parents=True, exist_ok=True)
@@ -396,7 +406,7 @@ def run_crash_check(
     for n in range(kills):
         if time.monotonic() >= deadline:
             break
-        mode = rng.choice(KILL_MODES)
+        mode = kill_modes[n % len(kill_modes)] if kill_modes else rng.choice(KILL_MODES)
         lives.append(_one_life(config, topics, spool_dir, ledger, rng, mode))
         log(f"kill {n + 1}/{kills}: {lives[-1]}")
     final_started = time.monotonic()
@@ -407,7 +417,7 @@ def run_crash_check(
                    message="buffer drained")
         agent.terminate()
     drain = time.monotonic() - final_started
-    inputs = {name: tally(ledger, name, read_values(broker.bootstrap, topics[name],
+    inputs = {name: tally(ledger, name, read_values(bootstrap, topics[name],
                                                     read_committed=is_exactly_once(name)))
               for name in names}
     quarantined = list((spool_dir / "quarantine").glob("*"))
