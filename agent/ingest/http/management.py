@@ -132,7 +132,9 @@ class TopicsApi:
         if request.method == "DELETE":
             try:
                 generation = await run_in_threadpool(self.catalog.delete, name)
-            except (TopicNotFound, InvalidTopicName) as exc:
+            except InvalidTopicName as exc:
+                raise ApiError(400, "invalid_topic", str(exc)) from None
+            except TopicNotFound as exc:
                 raise ApiError(404, "unknown_topic", str(exc)) from None
             except TopicReadOnly as exc:
                 raise ApiError(409, "read_only", str(exc)) from None

@@ -178,6 +178,7 @@ def _document() -> dict[str, Any]:
                         "200": {"description": "Deleted", "content": {"application/json": {
                             "schema": _ref("Deleted")}}},
                         **auth_errors,
+                        "400": {"$ref": _RESP + "BadRequest"},
                         "404": _error("Not a defined topic"),
                         "409": _error("Defined in the configuration file: read-only"),
                     },

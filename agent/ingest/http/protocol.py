@@ -11,7 +11,17 @@ One ``HttpProtocol`` per connection, an ``asyncio.Protocol`` feeding
   (``header_timeout_seconds``, from the connection's start or the last answer), its body
   (``body_timeout_seconds``, 408), or nothing after an answer (``keep_alive_seconds``).
   It applies after *every* answer, however early it came;
+- the trailer section of a chunked body, with its chunk framing: ``max_header_bytes`` plus
+  ``CHUNK_FRAMING_BYTES`` a chunk (431);
+- a write deadline: answers left unread above the transport's high-water mark for
+  ``write_timeout`` drop the connection (a client that never reads holds nothing for ever);
 - the connection cap of ``Connections``.
+
+What is not HTTP/1.1 as Ferry speaks it is refused on the headers: a version other than 1.x
+(505), an HTTP/1.1 request without exactly one ``Host`` (400), a ``Transfer-Encoding`` other
+than ``chunked`` alone (501). ``Upgrade`` is ignored (RFC 9110 §7.8): the request is served
+as plain HTTP/1.1, body included, and the connection closed after it. A client that shuts
+its sending side after whole requests gets their answers, then the close.
 
 Requests are answered one at a time and in order (pipelining): a request parsed while
 another is being answered waits in the connection's queue. Any answer given before a
@@ -65,22 +75,38 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # before the connection closes (HttpProtocol._linger).
 LINGER_SECONDS = 2.0
 LINGER_BYTES = 4 * 1024 * 1024
+# How long answers may wait, unread by the client, above the transport's high-water mark
+# before the connection is dropped: a client that pipelines requests and never reads the
+# answers would otherwise hold its connection, its queued requests and their answers for
+# ever (issue #29 C).
+WRITE_TIMEOUT = 10.0
+# A declared Content-Length over this is checked against the publish's exact limit at once
+# (413 before any of the body is read); under it the body is read and checked whole, which
+# spares the topic lookup on the common small publish.
+EXACT_LIMIT_FROM = 64 * 1024
+# Bytes of a chunked body that are not the body (chunk sizes, extensions, CRLFs, trailers)
+# allowed per chunk, on top of http.max_header_bytes for the trailer section (issue #29 E).
+CHUNK_FRAMING_BYTES = 64
+# The only transfer coding Ferry reads (RFC 9112 §6.1: anything else is 501).
+_CHUNKED = b"chunked"
 
 
 class Limits:
     """The limits of one server (``http`` config section)."""
 
     __slots__ = ("request_line", "header_bytes", "headers", "header_timeout", "body_timeout",
-                 "keep_alive")
+                 "keep_alive", "write_timeout")
 
     def __init__(self, *, request_line: int, header_bytes: int, headers: int,
-                 header_timeout: float, body_timeout: float, keep_alive: float) -> None:
+                 header_timeout: float, body_timeout: float, keep_alive: float,
+                 write_timeout: float = WRITE_TIMEOUT) -> None:
         self.request_line = request_line
         self.header_bytes = header_bytes
         self.headers = headers
         self.header_timeout = header_timeout
         self.body_timeout = body_timeout
         self.keep_alive = keep_alive
+        self.write_timeout = write_timeout
 
 
 class Connections:
@@ -133,7 +159,8 @@ class Request:
     """One parsed request."""
 
     __slots__ = ("method", "url", "headers", "parts", "size", "limit", "keep_alive",
-                 "version", "topic", "batch", "error", "encoding", "publish", "exact")
+                 "version", "topic", "batch", "error", "encoding", "publish", "exact",
+                 "framing")
 
     def __init__(self) -> None:
         self.method = b""
@@ -149,6 +176,9 @@ class Request:
         self.publish = False
         self.exact = False  # limit is the publish's own (body_limit), not read_limit
         self.encoding: bytes | None = None
+        # How the body is framed after an Upgrade request's headers (see _resume_body):
+        # its Content-Length, b"chunked", or None for no body.
+        self.framing: bytes | None = None
         # Answer this instead of running the request, then close (a limit, a parse error).
         self.error: HttpError | None = None
 
@@ -238,6 +268,11 @@ class HttpProtocol(asyncio.Protocol):
         self.head_parsed = 0  # header bytes the parser handed over
         self.head_count = 0
         self.tail = b""
+        self.eof = False  # the client shut its sending side: answer what came, then close
+        self.write_timer: asyncio.TimerHandle | None = None
+        self.resuming = False  # a substitute head is being parsed (_resume_body)
+        self.chunks = 0  # chunks of the body being parsed
+        self.overhead = 0  # bytes of it that were not body (chunk framing, trailers)
 
     # -- connection ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -264,6 +299,12 @@ class HttpProtocol(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        self._stop_write_timer()
+        # The protocol and its parser reference each other, so this object lives until the
+        # cyclic collector runs: drop what it holds now, or an abandoned 16 MiB body stays
+        # in memory until then (issue #29 D). Nothing queued can be answered any more.
+        self.request = None
+        self.queue.clear()
         if self.lost is not None and not self.lost.done():
             self.lost.set_result(None)
 
@@ -276,10 +317,31 @@ class HttpProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        if self.write_timer is None and not self.closed:
+            self.write_timer = self.loop.call_later(self.limits.write_timeout,
+                                                    self._write_expired)
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        self._stop_write_timer()
         self._next()
+
+    def _stop_write_timer(self) -> None:
+        if self.write_timer is not None:
+            self.write_timer.cancel()
+            self.write_timer = None
+
+    def _write_expired(self) -> None:
+        """The client has not read its answers for ``write_timeout``: drop the connection
+        and what it holds. Aborted, not closed: a close would wait for the writes to go
+        out, which is what the client does not let happen."""
+        self.write_timer = None
+        if self.write_paused and not self.closed:
+            log.debug("HTTP: closing a connection whose client reads no answers")
+            self.closed = self.stopped = True
+            self.connections.gone(self)
+            if self.transport is not None:
+                self.transport.abort()
 
     def addresses(self) -> tuple[Any, Any]:
         """The client's and the server's address (looked up only for the ASGI routes: a
@@ -306,16 +368,30 @@ class HttpProtocol(asyncio.Protocol):
             return
         if self.parsing == "headers" and not self._head_fits(data):
             return
+        request = self.request
+        in_body = self.parsing == "body"
+        size = request.size if request is not None else 0
+        self._feed(data)
+        if (in_body and request is not None and request is self.request
+                and self.parsing == "body" and self.chunks):
+            # The whole read was inside one chunked body: what is not body is framing or
+            # trailers, which the parser gathers without a limit (issue #29 E).
+            self.overhead += len(data) - (request.size - size)
+            if self.overhead > self.limits.header_bytes + CHUNK_FRAMING_BYTES * self.chunks:
+                self._refuse(HttpError(431, "headers_too_large",
+                                       "the chunked body's framing and trailers are over "
+                                       f"{self.limits.header_bytes} bytes "
+                                       "(http.max_header_bytes)",
+                                       reason="headers_too_large", close=True))
+        if self.parsing == "headers":
+            self.tail = data[-3:]
+        self._next()
+
+    def _feed(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            # Ferry upgrades to nothing: a request asking for it is answered as a plain one,
-            # then the connection is closed (what follows its headers is another protocol).
-            self.stopped = True
-            self.request = None
-            self.parsing = None
-            if self.queue:
-                self.queue[-1].keep_alive = False
+        except httptools.HttpParserUpgrade as exc:
+            self._resume_body(data[exc.args[0]:] if exc.args else b"")
         except httptools.HttpParserError as exc:
             cause = exc.__context__
             if isinstance(cause, _Stop):
@@ -327,9 +403,31 @@ class HttpProtocol(asyncio.Protocol):
                 self._refuse(HttpError(400, "invalid_http",
                                        f"the request is not valid HTTP/1.1: {exc}",
                                        reason="invalid_http", close=True))
-        if self.parsing == "headers":
-            self.tail = data[-3:]
-        self._next()
+
+    def _resume_body(self, rest: bytes) -> None:
+        """The parser stopped at the end of an Upgrade request's headers, as if everything
+        after them were another protocol. Ferry upgrades to nothing: the request is served
+        as plain HTTP/1.1 with its body (RFC 9110 §7.8 lets a server ignore Upgrade). A new
+        parser takes over, fed a stand-in head with the same framing, so it reads the body
+        that follows; the connection closes after the answer."""
+        request = self.request
+        if request is None or request.framing is None:
+            # No body: the request is whole and queued; what follows is not HTTP/1.1.
+            self.stopped = True
+            self.request = None
+            self.parsing = None
+            if self.queue:
+                self.queue[-1].keep_alive = False
+            return
+        framing = (b"Transfer-Encoding: chunked" if request.framing == _CHUNKED
+                   else b"Content-Length: " + request.framing)
+        request.framing = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.resuming = True
+        self.parser.feed_data(b"POST / HTTP/1.1\r\n" + framing + b"\r\n\r\n")
+        self.resuming = False
+        if rest:
+            self._feed(rest)
 
     def _head_fits(self, data: bytes) -> bool:
         """Headers are still coming: count the bytes of them in ``data``, before the parser
@@ -351,6 +449,8 @@ class HttpProtocol(asyncio.Protocol):
 
     # httptools callbacks
     def on_message_begin(self) -> None:
+        if self.resuming:
+            return  # the stand-in head of _resume_body: the request goes on
         if self.stopped:
             raise _Stop()
         self.request = Request()
@@ -358,6 +458,8 @@ class HttpProtocol(asyncio.Protocol):
         self.head_bytes = self.head_parsed = self.head_count = 0
 
     def on_url(self, url: bytes) -> None:
+        if self.resuming:
+            return
         request = self.request
         assert request is not None
         request.url += url
@@ -368,6 +470,8 @@ class HttpProtocol(asyncio.Protocol):
                                    reason="uri_too_long", close=True))
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.resuming:
+            return
         request = self.request
         assert request is not None
         self.head_count += 1
@@ -383,6 +487,8 @@ class HttpProtocol(asyncio.Protocol):
         request.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
+        if self.resuming:
+            return
         request = self.request
         assert request is not None
         parser = self.parser
@@ -391,23 +497,64 @@ class HttpProtocol(asyncio.Protocol):
         self.parsing = "body"
         self.since = self.loop.time()  # the body's deadline runs from here
         self.after_answer = False
+        self.chunks = self.overhead = 0
         length = None
+        coding = None
         expect = False
+        hosts = 0
         for name, value in request.headers:
             if name == b"content-length":
-                length = value
+                length = value.strip()
             elif name == b"content-encoding":
                 request.encoding = value.strip().lower()
             elif name == b"expect":
                 expect = value.strip().lower() == b"100-continue"
+            elif name == b"host":
+                hosts += 1
+            elif name == b"transfer-encoding":
+                coding = value if coding is None else coding + b"," + value
+        version = parser.get_http_version()
+        if not version.startswith("1."):
+            raise _Fatal(HttpError(505, "http_version_not_supported",
+                                   f"HTTP/{version} is not spoken here: send HTTP/1.1",
+                                   reason="invalid_http", close=True))
+        if hosts > 1 or (hosts == 0 and version != "1.0"):
+            # RFC 9112 §3.2: exactly one Host in HTTP/1.1, never two in any version.
+            raise _Fatal(HttpError(400, "invalid_http",
+                                   "an HTTP/1.1 request needs exactly one Host header "
+                                   f"(it has {hosts})", reason="invalid_http", close=True))
+        if coding is not None and coding.strip().lower() != _CHUNKED:
+            # Only "chunked", alone: anything else (identity, gzip, chunked twice) would be
+            # read one way here and another way by a proxy in front (RFC 9112 §6.1).
+            raise _Fatal(HttpError(501, "unsupported_transfer_encoding",
+                                   "Transfer-Encoding "
+                                   f"{coding.decode('latin-1')!r} is not supported: send "
+                                   "chunked or a Content-Length",
+                                   reason="invalid_http", close=True))
         self._route(request)
         if not request.publish:
-            request.version = parser.get_http_version()  # for the ASGI scope
-        if length is not None and length.isdigit() and self._over(request, int(length)):
-            raise _Fatal(self._too_large(request))
+            request.version = version  # for the ASGI scope
+        if parser.should_upgrade():
+            # The parser will stop here as if the body were another protocol; remember how
+            # it is framed to read it as HTTP/1.1 (_resume_body), then close.
+            request.keep_alive = False
+            if coding is not None:
+                request.framing = _CHUNKED
+            elif length is not None and length.isdigit() and int(length) > 0:
+                request.framing = length
+        if length is not None and length.isdigit():
+            declared = int(length)
+            if declared > EXACT_LIMIT_FROM and request.publish and not request.exact:
+                request.limit = self.body_limit(request.topic, request.batch)
+                request.exact = True
+            if self._over(request, declared):
+                raise _Fatal(self._too_large(request))
         self._arm()  # the body's deadline may come before the headers' one
         if expect and self.current is None and not self.queue and self.transport is not None:
             self.transport.write(_CONTINUE)
+
+    def on_chunk_header(self) -> None:
+        self.chunks += 1
 
     def on_body(self, body: bytes) -> None:
         request = self.request
@@ -420,6 +567,8 @@ class HttpProtocol(asyncio.Protocol):
     def on_message_complete(self) -> None:
         request = self.request
         assert request is not None
+        if request.framing is not None:
+            return  # the end of an Upgrade request's headers: its body follows
         self.request = None
         self.parsing = None
         self.tail = b""
@@ -529,6 +678,9 @@ class HttpProtocol(asyncio.Protocol):
         if self.queue:
             self._next()
             return
+        if self.eof:
+            self.close()  # the client sends nothing more: its last answer is out
+            return
         # The wait for the next request starts now.
         self.since = self.loop.time()
         self.after_answer = self.parsing is None
@@ -564,9 +716,22 @@ class HttpProtocol(asyncio.Protocol):
         self.timer = self.loop.call_later(LINGER_SECONDS, self.close)
 
     def eof_received(self) -> bool | None:
+        """The client shut its sending side (``shutdown(SHUT_WR)``) and may still read. The
+        requests it sent whole are answered, then the connection closes; one cut short can
+        never finish, so it is dropped (a publish's counted as gone, status 499)."""
         if self.lingering:
             self.close()
-        return None  # the transport closes itself once its writes are out
+            return None
+        if self.current is None and not self.queue:
+            return None  # nothing to answer: the transport closes itself
+        request = self.request
+        if request is not None:
+            if request.publish:
+                self.gone(request.batch)
+            self.request = None
+        self.parsing = None
+        self.stopped = self.eof = True
+        return True  # keep the transport open for the answers; _answer closes after them
 
     # -- the deadline ----------------------------------------------------------------------
     def _deadline(self) -> float | None:
@@ -633,22 +798,37 @@ def _decode(request: Request) -> None:
                         reason="unsupported_content_encoding")
     if request.publish and not request.exact:
         raise AssertionError("the exact limit is set before decoding")
-    decoder = zlib.decompressobj(wbits=31)
-    try:
-        body = decoder.decompress(request.body, request.limit + 1)
-        complete = decoder.eof
-    except zlib.error as exc:
-        raise HttpError(400, "invalid_body", f"the gzip body cannot be decoded: {exc}",
-                        reason="invalid_body") from None
-    if len(body) > request.limit:
-        raise HttpError(413, "too_large", f"the decoded body is over the limit of "
-                        f"{request.limit} bytes", reason="too_large")
-    if not complete:
-        raise HttpError(400, "invalid_body", "the gzip body is truncated",
-                        reason="invalid_body")
+    body = _gunzip(request.body, request.limit)
     request.parts = [body]
     request.size = len(body)
     request.encoding = None
     request.headers = [(n, v) for n, v in request.headers
                        if n not in (b"content-encoding", b"content-length")]
     request.headers.append((b"content-length", str(len(body)).encode()))
+
+
+def _gunzip(data: bytes, limit: int) -> bytes:
+    """Every member of a gzip body, decoded and joined (RFC 1952 §2.2: a gzip file is a
+    series of members; ``gzip a b > c`` makes one), up to ``limit`` bytes. Bytes after a
+    member that are not another whole member are refused, never dropped (issue #29 F)."""
+    out: list[bytes] = []
+    size = 0
+    rest = data
+    while True:
+        decoder = zlib.decompressobj(wbits=31)
+        try:
+            part = decoder.decompress(rest, limit - size + 1)
+        except zlib.error as exc:
+            raise HttpError(400, "invalid_body", f"the gzip body cannot be decoded: {exc}",
+                            reason="invalid_body") from None
+        size += len(part)
+        if size > limit:
+            raise HttpError(413, "too_large", f"the decoded body is over the limit of "
+                            f"{limit} bytes", reason="too_large")
+        if not decoder.eof:
+            raise HttpError(400, "invalid_body", "the gzip body is truncated",
+                            reason="invalid_body")
+        out.append(part)
+        rest = decoder.unused_data
+        if not rest:
+            return out[0] if len(out) == 1 else b"".join(out)
