@@ -1,0 +1,145 @@
+"""Ferry's publish logic served by granian's embedded server (``granian.server.embed``).
+
+``GranianStage`` is an agent stage like ``HttpServer`` (``start()``/``stop()``): its own thread
+runs a uvloop event loop, and granian's embedded ``Server`` serves on it, so the
+``Publisher`` binds to that loop exactly as it does under Ferry's protocol. Two interfaces:
+
+- ``rsgi``: ``RsgiPublish``, a thin RSGI adapter: a ``POST /topics/{topic}[/batch]`` reads
+  its whole body (``await proto()``) and goes to ``Publisher.direct``, whose reply callback
+  writes the answer with ``proto.response_bytes``; any other route is 404 here (the
+  benchmark publishes only).
+- ``asgi``: the ``FerryApp`` itself (publishing through ``Publisher.__call__``, everything
+  else through Starlette), on granian's ASGI interface without lifespan.
+
+Granian's HTTP/1 settings stand in for Ferry's limits where it has one (header read
+timeout, buffer size); the benchmark does not need the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+from agent.ingest.http.app import FerryApp, create_app
+from agent.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+_PREFIX = "/topics/"
+_NOT_FOUND = b'{"error":"not_found","code":"not_found","message":"publishes only here"}'
+
+
+class RsgiPublish:
+    """RSGI app: publishes go to ``Publisher.direct`` with their whole body."""
+
+    def __init__(self, app: FerryApp) -> None:
+        self.publisher = app.publisher
+
+    async def __call__(self, scope: Any, proto: Any) -> None:
+        if scope.proto != "http":
+            return
+        target = _publish_target(scope.method, scope.path)
+        if target is None:
+            proto.response_bytes(404, [("content-type", "application/json")], _NOT_FOUND)
+            return
+        topic, batch = target
+        body = await proto()
+        headers = [(k.encode("latin-1"), v.encode("latin-1"))
+                   for k, v in scope.headers.items()]
+        answered: asyncio.Future[tuple[int, list[tuple[bytes, bytes]], bytes]] = (
+            asyncio.get_running_loop().create_future())
+
+        def reply(status: int, out: list[tuple[bytes, bytes]], answer: bytes) -> None:
+            if not answered.done():
+                answered.set_result((status, out, answer))
+
+        self.publisher.direct(topic, batch, headers, body, reply)
+        status, out, answer = await answered
+        proto.response_bytes(status, [(k.decode("latin-1"), v.decode("latin-1"))
+                                      for k, v in out if k != b"content-length"], answer)
+
+
+def _publish_target(method: str, path: str) -> tuple[str, bool] | None:
+    if method != "POST" or not path.startswith(_PREFIX):
+        return None
+    rest = path[len(_PREFIX):]
+    slash = rest.find("/")
+    if slash < 0:
+        return (rest, False) if rest else None
+    if slash > 0 and rest[slash:] == "/batch":
+        return rest[:slash], True
+    return None
+
+
+class GranianStage:
+    """The agent's HTTP stage on granian: ``interface`` is ``"rsgi"`` or ``"asgi"``."""
+
+    def __init__(self, runtime: Runtime, interface: str = "rsgi") -> None:
+        self.runtime = runtime
+        self.app = create_app(runtime)
+        self.interface = interface
+        self.host, self.port = runtime.config.http.host, runtime.config.http.port
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: Any = None
+        self._serving = threading.Event()
+        self._error: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="http-granian", daemon=True)
+        self._thread.start()
+        if not self._serving.wait(30):
+            raise RuntimeError(f"granian did not start: {self._error!r}")
+
+    def _run(self) -> None:
+        import uvloop
+
+        try:
+            uvloop.run(self._serve())
+        except BaseException as exc:  # noqa: BLE001 - reported by start()
+            self._error = exc
+            log.exception("granian stopped with an error")
+
+    async def _serve(self) -> None:
+        from granian.constants import Interfaces
+        from granian.http import HTTP1Settings
+        from granian.server.embed import Server
+
+        self._loop = asyncio.get_running_loop()
+        target: Any = RsgiPublish(self.app) if self.interface == "rsgi" else self.app
+        interface = Interfaces.RSGI if self.interface == "rsgi" else Interfaces.ASGINL
+        cfg = self.runtime.config.http
+        self._server = Server(
+            target, address=self.host, port=self.port, interface=interface,
+            backlog=2048, log_enabled=False, websockets=False,
+            http1_settings=HTTP1Settings(
+                header_read_timeout=int(cfg.header_timeout_seconds * 1000),
+                max_buffer_size=cfg.max_header_bytes + 4096))
+        serving = asyncio.ensure_future(self._server.serve())
+        # serve() binds before it awaits anything long: wait until the port answers.
+        while not await _accepts(self.host, self.port):
+            if serving.done():
+                serving.result()
+            await asyncio.sleep(0.05)
+        self._serving.set()
+        await serving
+
+    def stop(self, timeout: float | None = None) -> None:
+        loop, server, thread = self._loop, self._server, self._thread
+        if loop is None or server is None or thread is None:
+            return
+        self.app.drain()
+        loop.call_soon_threadsafe(server.stop)
+        thread.join(timeout or 15.0)
+        self.app.close()
+
+
+async def _accepts(host: str, port: int) -> bool:
+    try:
+        _, writer = await asyncio.open_connection(host, port)
+    except OSError:
+        return False
+    writer.close()
+    return True
