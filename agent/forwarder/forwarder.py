@@ -235,6 +235,8 @@ class Forwarder:
         self._next_topic_scan = 0.0
         self._present: set[str] = set()  # topics with buffered messages, as last scanned
         self._next_gauges = 0.0
+        self._parked = 0  # local sends of topics the local cluster says do not exist
+        self._next_parked = 0.0
         self._replaced: dict[tuple[str, str], float] = {}
         self._delete_trouble = _Trouble("removing messages from the buffer", registry,
                                         "buffer_delete")
@@ -946,13 +948,32 @@ class Forwarder:
     # -- health ----------------------------------------------------------------------------
     def _check_health(self, now: float) -> None:
         """Feed each cluster's state (health.py) with its outstanding sends; log changes."""
-        for c in self.clusters.values():
+        if now >= self._next_parked:
+            self._parked = self._parked_sends()
+            self._next_parked = now + 0.1  # a scan of the topics: not at every step
+        for name, c in self.clusters.items():
             h = c.health
-            h.sends(c.outstanding())
+            h.sends(max(0, c.outstanding() - self._parked) if name == LOCAL else c.outstanding())
             h.check()
             for change in h.changes():
                 self._log_change(change)
                 self._next_gauges = 0.0  # publish a new state at once, not in up to 0.5 s
+
+    def _parked_sends(self) -> int:
+        """Local sends of topics the local cluster's metadata says do not exist (auto-create
+        off): librdkafka holds them for topic.metadata.propagation.max.ms (30 s) before
+        failing them, and they wait for an operator to create the topic, not for the
+        cluster. Counted as unanswered sends, one missing topic made the whole cluster down
+        (and its fallback topics go remote); the topic is reported stuck instead. Fallback
+        topics are left out: some of their sends may be the remote cluster's."""
+        local = self.clusters[LOCAL]
+        remote = REMOTE in self.clusters
+        parked = 0
+        for topic, st in self._topics.items():
+            if st.sending and local.known_missing(topic) and not (
+                    remote and self.topic_settings(topic).fallback_to_remote):
+                parked += st.sending
+        return parked
 
     def _log_change(self, change: Change) -> None:
         if change.new == "down":
