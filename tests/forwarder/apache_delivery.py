@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from typing import Any
 from ferry_client import FerryHttp
 from tests.agent_harness import REPO_ROOT, AgentProcess
 from tests.kafka import read_topic
+from tests.waiting import wait_until
 
 
 def publish(agent: AgentProcess, topic: str, prefix: str, count: int, *,
@@ -108,3 +111,56 @@ def log_lines(agent: AgentProcess, containing: str) -> list[str]:
     except FileNotFoundError:
         return []
     return [line for line in text.splitlines() if containing in line]
+
+
+class Stream:
+    """Publishes ``prefix-000000`` ... over HTTP from a thread until :meth:`stop`, at most
+    ``limit`` messages and ``seconds`` long (a bounded load loop): the traffic a failure
+    lands in the middle of. ``acknowledged`` grows as Ferry answers."""
+
+    def __init__(self, agent: AgentProcess, topic: str, prefix: str, *, limit: int = 20000,
+                 seconds: float = 120.0, partition_keys: int | None = None) -> None:
+        self.agent, self.topic, self.prefix = agent, topic, prefix
+        self.limit, self.seconds, self.partition_keys = limit, seconds, partition_keys
+        self.acknowledged: list[bytes] = []
+        self.ids: dict[bytes, str] = {}  # value -> Ferry's message id (GET /messages/{id})
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"stream-{prefix}", daemon=True)
+
+    def __enter__(self) -> Stream:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.seconds
+        try:
+            with FerryHttp(self.agent.http_url, timeout=30.0, attempts=3) as client:
+                for i in range(self.limit):
+                    if self._stop.is_set() or time.monotonic() > deadline:
+                        return
+                    value = f"{self.prefix}-{i:06d}".encode()
+                    pk = None if self.partition_keys is None else i % self.partition_keys
+                    self.ids[value] = client.publish(self.topic, value, partition_key=pk).id
+                    self.acknowledged.append(value)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by stop(), in the test
+            self.error = exc
+
+    def wait_for(self, count: int, timeout: float = 60.0) -> None:
+        """Until ``count`` more messages than now are acknowledged."""
+        target = len(self.acknowledged) + count
+        wait_until(lambda: len(self.acknowledged) >= target or self.error is not None,
+                   timeout=timeout, message=f"{target} messages acknowledged")
+        if self.error is not None:
+            raise AssertionError(f"publishing failed: {self.error!r}") from self.error
+
+    def stop(self) -> list[bytes]:
+        self._stop.set()
+        self._thread.join(60)
+        assert not self._thread.is_alive(), "the publishing thread did not stop"
+        if self.error is not None:
+            raise AssertionError(f"publishing failed: {self.error!r}") from self.error
+        return self.acknowledged
