@@ -147,7 +147,8 @@ class Cluster:
     def start_probing(self) -> None:
         """Probe the cluster on a period from now on, with or without traffic."""
         if self._probe is None and not self._stop.is_set():
-            self._probe = Probe(self.name, self.config, self.health, _RDKAFKA_LOG)
+            self._probe = Probe(self.name, self.config, self.health, _RDKAFKA_LOG,
+                                topics=self.topics)
             self._probe.start()
 
     @property
@@ -182,6 +183,11 @@ class Cluster:
         if lay is None:
             self._ensure_metadata_thread()
         return lay
+
+    def topics(self) -> list[str]:
+        """The topics whose partitions the forwarder has looked up here (it sends to them)."""
+        with self._lock:
+            return sorted(self._layouts)
 
     def known_missing(self, topic: str) -> bool:
         with self._lock:

@@ -16,10 +16,10 @@ The rules (docs/design.md, "Cluster state"):
   whichever is later). An idle cluster has nothing outstanding, so idleness never counts;
 - otherwise ``up``.
 
-While sends go unanswered for ``outage_after_seconds`` and probes still answer, the probe
-asks the cluster whether partitions are below ``min.insync.replicas``
-(agent/forwarder/insync.py): if so, that is the cause the reason names, rather than the
-client's last error (with nodes down, a connect error to one of them, which is not why).
+While sends go unanswered for ``outage_after_seconds``, the probe asks the cluster whether
+partitions of Ferry's topics are below ``min.insync.replicas`` (agent/forwarder/insync.py):
+if so, that is the cause every ``down`` reason names, rather than the client's last error
+(with nodes stopped, a connect error to one of them, which is not why).
 
 Pure logic with an explicit clock (monotonic seconds), so the rules are unit-tested without a
 broker. The probe thread and the forwarder's thread both call in; a lock keeps it whole.
@@ -197,7 +197,10 @@ class ClusterHealth:
     def _verdict(self, now: float) -> tuple[State, str]:
         limit = self.outage_after
         failing = self._probe_failing_since
-        cause = f": {self.last_error}" if self.last_error else ""
+        # A shortfall of in-sync replicas, once the probe found one, is why; the client's last
+        # error (with nodes stopped, a connect error to one of them) is not.
+        found = self.in_sync_shortfall or self.last_error
+        cause = f": {found}" if found else ""
         # An acknowledgement after the probes began failing proves the cluster works.
         if failing is not None and self._last_ack < failing:
             if not self._answered:
@@ -209,9 +212,8 @@ class ClusterHealth:
         if busy is not None:
             quiet = now - max(busy, self._last_ack, self._last_answer)
             if quiet >= limit:
-                why = f": {self.in_sync_shortfall}" if self.in_sync_shortfall else cause
                 return "down", (f"{self._outstanding} messages sent, none acknowledged for "
-                                f"{quiet:.0f} s{why}")
+                                f"{quiet:.0f} s{cause}")
         if self._answered or self._last_ack > float("-inf"):
             return "up", ""
         if failing is not None and self._last_ack < failing:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -45,8 +46,10 @@ class Probe:
     """A daemon thread probing one cluster until ``stop()``."""
 
     def __init__(self, name: str, cluster: KafkaClusterConfig, health: ClusterHealth,
-                 logger: logging.Logger | None = None) -> None:
+                 logger: logging.Logger | None = None,
+                 topics: Callable[[], list[str]] | None = None) -> None:
         self.name = name
+        self.topics = topics  # Ferry's topics on the cluster: where to look for a shortfall
         self.interval = cluster.probe_interval_seconds
         # A probe ends within one period, so probes never pile up and a failure is known
         # within outage_after_seconds + one period (the documented bound).
@@ -85,9 +88,11 @@ class Probe:
             self.health.probe_failed(f"{type(exc).__name__}: {exc}")
         else:
             self.health.probe_answered(len(desc.nodes))
-            if self.health.stalled():
-                # Answering, yet not acknowledging: ask why (agent/forwarder/insync.py).
-                self.health.diagnosed(insync.diagnose(self._admin, self.timeout))
+        if self.health.stalled() and self.topics is not None:
+            # Sends unanswered: ask why (agent/forwarder/insync.py). Whether or not the probe
+            # answered: with two of three KRaft nodes stopped, the survivor still serves
+            # metadata, but DescribeCluster may wait for a controller that is gone.
+            self.health.diagnosed(insync.diagnose(self._admin, self.topics(), self.timeout))
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -83,3 +83,19 @@ def test_a_stalled_cluster_names_the_shortfall_until_it_acknowledges_again() -> 
     h.acknowledged()
     h.sends(0)
     assert h.state == "up" and h.snapshot().in_sync_shortfall == ""
+
+
+def test_the_shortfall_is_the_cause_when_probes_fail_too() -> None:
+    """Two of three KRaft nodes stopped: the survivor serves metadata, but DescribeCluster
+    can wait for a controller that is gone, so the probe fails as well."""
+    clock = Clock()
+    h = ClusterHealth("local", 2.0, clock=clock, wall=clock)
+    h.probe_answered(1)
+    h.client_error("127.0.0.1:1/2: Connect to ipv4#127.0.0.1:1 failed: Connection refused")
+    h.sends(10)
+    h.probe_failed("Timed out waiting for controller")
+    clock.now += 2.5
+    assert h.stalled()
+    cause = insync.describe([Shortfall("orders", (0, 1), 1, 2)])
+    h.diagnosed(cause)
+    assert h.state == "down" and h.reason.endswith(cause), h.reason
