@@ -100,6 +100,9 @@ class Cluster:
         self._layouts: dict[str, TopicLayout] = {}
         self._missing: set[str] = set()  # looked up, not in the cluster's metadata
         self._wanted: set[str] = set()
+        # Topics the forwarder asked about (it sends to them); _layouts holds every topic of
+        # the cluster's full metadata refreshes, other teams' too.
+        self._used: set[str] = set()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -176,6 +179,7 @@ class Cluster:
     def layout(self, topic: str) -> TopicLayout | None:
         """The topic's partitions, or None while they are being looked up."""
         with self._lock:
+            self._used.add(topic)
             lay = self._layouts.get(topic)
             if lay is None and topic not in self._missing and topic not in self._wanted:
                 self._wanted.add(topic)
@@ -185,9 +189,9 @@ class Cluster:
         return lay
 
     def topics(self) -> list[str]:
-        """The topics whose partitions the forwarder has looked up here (it sends to them)."""
+        """The topics the forwarder has looked up here (it sends to them)."""
         with self._lock:
-            return sorted(self._layouts)
+            return sorted(self._used)
 
     def known_missing(self, topic: str) -> bool:
         with self._lock:
