@@ -95,6 +95,10 @@ def through_ferry(tmp_path: Path, bootstrap: str, topic: str,
         agent.stop()
 
 
+# pytest-timeout counts the fixtures' set-up: when this test is the first to use them, that
+# is starting the session's SparkSession and 3-node Kafka cluster, which took up to 4 minutes
+# on a loaded 2-core machine; the test itself takes 1-2 minutes there.
+@pytest.mark.timeout(600)
 def test_a_retried_task_duplicates_rows_with_sparks_kafka_sink_not_with_ferrys_writer(
     tmp_path: Path, spark: SparkSession, apache_kafka: KafkaCluster, kafka_connector: None,
     small_batches: None,
