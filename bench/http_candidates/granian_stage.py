@@ -88,6 +88,15 @@ class GranianStage:
         self._error: BaseException | None = None
 
     def start(self) -> None:
+        # The same process-wide tuning HttpServer.start() makes, so the comparison is of
+        # the servers alone: the GIL switch interval lowered for the writer thread's sake,
+        # the startup heap frozen out of garbage collections (agent/ingest/http/server.py).
+        from agent.gc_tuning import freeze_startup_heap
+        from agent.ingest.gil import SWITCH_INTERVAL, lower_switch_interval
+        from agent.ingest.http.server import GC_GEN0_THRESHOLD
+
+        lower_switch_interval(SWITCH_INTERVAL)
+        freeze_startup_heap(GC_GEN0_THRESHOLD)
         self._thread = threading.Thread(target=self._run, name="http-granian", daemon=True)
         self._thread.start()
         if not self._serving.wait(30):
