@@ -13,6 +13,7 @@ import gc
 import gzip
 import select
 import socket
+import threading
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -20,6 +21,7 @@ import pytest
 from agent.ingest.http.protocol import Request
 from tests.http import raw
 from tests.http.harness import Served
+from tests.http.test_handover import _hold_writer
 from tests.waiting import wait_until
 
 WAIT = 30.0
@@ -141,6 +143,35 @@ def test_a_client_that_never_reads_its_answers_is_closed(served: Served) -> None
     with raw.connect(served) as other:
         other.sendall(raw.publish("after", b"x"))
         assert _status(raw.read_answers(other, 1)[0]) == 202
+
+
+def test_pipelined_bodies_held_ahead_of_their_answers_are_bounded(
+    serve: Callable[..., Served],
+) -> None:
+    """C: a client pipelining big publishes behind one that cannot be answered yet (its
+    commit is held) made the server read and hold them all: up to 32 bodies of 16 MiB. It
+    stops reading once 4 MiB of bodies wait (MAX_QUEUED_BYTES), and serves them all later."""
+    served = serve(topics={"default": {"ack_timeout_ms": 0, "max_message_bytes": 2 << 20}})
+    count, size = 24, 1 << 20
+    payload = b"".join(raw.publish("piped", b"%02d" % i + b"x" * (size - 2))
+                       for i in range(count))
+    gate = _hold_writer(served)
+    sock = raw.connect(served)
+    sender = threading.Thread(target=sock.sendall, args=(payload,), daemon=True)
+    try:
+        sender.start()
+        wait_until(lambda: any(c.read_paused for c in list(served.server.connections.open)),
+                   timeout=WAIT, message="the server stopped reading the pipelined bodies")
+        held = _body_bytes_held()
+        assert held <= 8 * size, f"{held} bytes of pipelined bodies held by one connection"
+        gate.release.set()
+        answers = raw.read_answers(sock, count)
+        sender.join(WAIT)
+    finally:
+        gate.release.set()
+        sock.close()
+    assert [_status(a) for a in answers] == [202] * count
+    assert [v[:2] for v in _values(served, "piped")] == [b"%02d" % i for i in range(count)]
 
 
 # -- D: abandoned bodies are released with their connection ----------------------------------

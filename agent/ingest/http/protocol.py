@@ -66,6 +66,10 @@ Refused = Callable[[bool, bool, HttpError], None]
 
 OTHER_BODY_LIMIT = 1024 * 1024  # routes other than publishing: topic definitions at most
 MAX_QUEUED = 32  # pipelined requests parsed ahead of their answer before reading pauses
+# ... or body bytes parsed ahead: 32 pipelined 16 MiB batches would otherwise hold 512 MiB on
+# one connection (issue #29 C). A connection holds at most this, the request being answered,
+# the one being parsed and one read.
+MAX_QUEUED_BYTES = 4 * 1024 * 1024
 _TOPICS = b"/topics/"
 _BATCH = b"batch"
 _STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode())
@@ -252,6 +256,7 @@ class HttpProtocol(asyncio.Protocol):
         self.request: Request | None = None  # being parsed
         self.current: Request | None = None  # being answered
         self.queue: collections.deque[Request] = collections.deque()
+        self.queued_bytes = 0  # body bytes of the requests in the queue
         self.parsing: str | None = None  # None (between requests), "headers" or "body"
         self.stopped = False  # no more parsing: a refusal, a close, the peer gone
         self.closed = False
@@ -305,6 +310,7 @@ class HttpProtocol(asyncio.Protocol):
         # in memory until then (issue #29 D). Nothing queued can be answered any more.
         self.request = None
         self.queue.clear()
+        self.queued_bytes = 0
         if self.lost is not None and not self.lost.done():
             self.lost.set_result(None)
 
@@ -573,9 +579,11 @@ class HttpProtocol(asyncio.Protocol):
         self.parsing = None
         self.tail = b""
         self.queue.append(request)
+        self.queued_bytes += request.size
         if not request.keep_alive:
             self.stopped = True  # nothing after this one is read
-        elif len(self.queue) >= MAX_QUEUED and not self.read_paused and self.transport:
+        elif ((len(self.queue) >= MAX_QUEUED or self.queued_bytes >= MAX_QUEUED_BYTES)
+              and not self.read_paused and self.transport):
             self.read_paused = True
             self.transport.pause_reading()
 
@@ -626,8 +634,10 @@ class HttpProtocol(asyncio.Protocol):
         """Start the next parsed request, if none is being answered."""
         while self.current is None and self.queue and not self.write_paused and not self.closed:
             request = self.current = self.queue.popleft()
+            self.queued_bytes -= request.size
             self.connections.set_busy(self)
-            if self.read_paused and len(self.queue) < MAX_QUEUED // 2 and self.transport:
+            if (self.read_paused and len(self.queue) < MAX_QUEUED // 2
+                    and self.queued_bytes < MAX_QUEUED_BYTES // 2 and self.transport):
                 self.read_paused = False
                 self.transport.resume_reading()
             if request.error is not None:
