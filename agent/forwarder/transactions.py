@@ -69,6 +69,19 @@ class Fenced(Exception):
     """Another running instance uses this agent identity (a cloned host, two agents)."""
 
 
+def _fenced_detail(exc: BaseException) -> str:
+    """The fencing error behind ``exc`` (itself, or what it was raised from), else ""."""
+    seen: BaseException | None = exc
+    for _ in range(10):  # a chain of causes is short; bounded all the same
+        if seen is None:
+            return ""
+        code = seen.args[0] if isinstance(seen, KafkaException) and seen.args else None
+        if isinstance(code, KafkaError) and code.code() in FENCED:
+            return str(code.str())
+        seen = seen.__cause__ or seen.__context__
+    return ""
+
+
 @dataclass
 class _Batch:
     """What one open transaction holds for one topic."""
@@ -123,6 +136,7 @@ class ExactlyOnce:
         # (message id, error, message) per delivery report, in the order they come.
         self._reports: list[tuple[bytes, KafkaError | None, Message]] = []
         self._fenced = ""
+        self._fenced_error = ""  # a fencing reported by the producer's error callback
         self._in_transaction = False
         self._retry_at = 0.0
         self._backoff = RETRY_INITIAL
@@ -178,9 +192,9 @@ class ExactlyOnce:
         return self._transaction(topics)
 
     def _trouble(self, exc: BaseException) -> None:
-        code = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-        if isinstance(code, KafkaError) and code.code() in FENCED:
-            self._fence(code.str())
+        fenced = self._fenced_error or _fenced_detail(exc)
+        if fenced:
+            self._fence(fenced)
             return
         log.warning("exactly-once: %s; reopening the transactional producer and reconciling "
                     "in %.1f s (the messages wait in the buffer)", exc, self._backoff)
@@ -235,6 +249,12 @@ class ExactlyOnce:
                  len(self._progress))
 
     def _client_error(self, err: KafkaError) -> None:
+        if err.code() in FENCED:
+            # The fence can surface through any call that serves callbacks (poll, flush) and
+            # not always as a KafkaException carrying its code: remembered here, it decides
+            # what the next trouble is, whatever the exception (reopening would fence the
+            # other agent in turn).
+            self._fenced_error = err.str()
         self.registry.sample("error", err.name(), {"cluster": CLUSTER, "detail": err.str(),
                                                    "via": "transactions"})
 
