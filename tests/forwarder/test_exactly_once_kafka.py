@@ -40,6 +40,7 @@ from tests.agent_harness import write_config
 from tests.apache_kafka import KafkaCluster
 from tests.forwarder.test_exactly_once_zombie import CRASHED, _child, _sender
 from tests.kafka import ConsumedMessage, read_topic
+from tests.reliability.checker import wait_transactions_settled
 from tests.reliability.harness import Agent, metric_total
 from tests.reliability.test_outage import KeyedTally, _http_load, _Sender, _tally
 from tests.waiting import wait_until
@@ -57,6 +58,9 @@ def _identity(hint: str) -> str:
 
 
 def _committed(bootstrap: str, topic: str) -> list[ConsumedMessage]:
+    """Everything a read_committed reader sees, once the last commit's markers are written
+    (Kafka writes them after answering the commit)."""
+    wait_transactions_settled(bootstrap, topic)
     return read_topic(bootstrap, topic, 120, read_committed=True)
 
 
@@ -144,7 +148,7 @@ def test_a_successor_aborts_the_zombie_transaction_and_sends_each_message_once(
             # read_committed readers stop at its first offset (the last stable offset).
             wait_until(lambda: len(_uncommitted(apache_kafka.bootstrap, topic)) == N,
                        timeout=30, message="the zombie's records in the log")
-            assert _committed(apache_kafka.bootstrap, topic) == []
+            assert read_topic(apache_kafka.bootstrap, topic, 30, read_committed=True) == []
 
         registry = Registry()
         successor = _sender(config, store, registry)
@@ -349,6 +353,13 @@ def _post(agent: Agent, topic: str, values: list[bytes]) -> None:
             assert r.status_code in (201, 202), r.text
 
 
+def _eo_lines(agent: Agent) -> str:
+    """The exactly-once thread's lines of an agent's log, for a failure message."""
+    text = agent.log_path.read_text(errors="replace")
+    return "\n".join(line[:400] for line in text.splitlines()
+                     if "transactions" in line or "TXN" in line or "FENCE" in line)[-6000:]
+
+
 def _values(name: str, n: int) -> list[bytes]:
     return [b"%s-%04d" % (name.encode(), i) for i in range(n)]
 
@@ -388,8 +399,12 @@ def test_a_second_agent_with_the_same_identity_fences_the_first_which_keeps_its_
             _post(agent_b, topic, b1)
             drained(agent_b)
             _post(agent_a, topic, a2)
-            wait_until(lambda: agent_a.get_json("/status/transactions")["fenced"],
-                       timeout=60, message="agent A reports itself fenced")
+            try:
+                wait_until(lambda: agent_a.get_json("/status/transactions")["fenced"],
+                           timeout=60, message="agent A reports itself fenced")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n--- agent A ---\n{_eo_lines(agent_a)}\n"
+                                     f"--- agent B ---\n{_eo_lines(agent_b)}") from None
             _post(agent_b, topic, b2)
             drained(agent_b)
             assert agent_b.get_json("/status/transactions")["fenced"] is False
@@ -421,6 +436,44 @@ def test_a_second_agent_with_the_same_identity_fences_the_first_which_keeps_its_
     assert len(final) == 400
 
 
+def test_a_fence_behind_the_exception_a_callback_raised_still_stops_the_topics(
+    tmp_path: Path, unique_topic: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What the test above caught on Kafka (one run in two): the fence surfaced in a poll()
+    that was also serving delivery reports, so the exception that reached the sender's loop
+    was CPython's ``SystemError: <function _report> returned a result with an exception
+    set``, raised *from* the fatal ``_FENCED`` KafkaException. Taken for an ordinary failure,
+    it made the agent reopen its producer, and that fenced the other agent in turn. The
+    sender must see the fence behind it, stop, and not reopen."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    config = _zombie_config(tmp_path, "127.0.0.1:9", unique_topic, _identity("unit"))
+    store = Store(config.buffer.path, config.buffer.max_bytes)
+    registry = Registry()
+    try:
+        sender = _sender(config, store, registry)
+        fenced = KafkaException(KafkaError(KafkaError._FENCED, "fenced by a newer instance",
+                                           fatal=True))
+        try:
+            try:
+                raise fenced
+            except KafkaException as cause:
+                raise SystemError("<function _report> returned a result with an exception "
+                                  "set") from cause
+        except SystemError as raised:
+            sender._trouble(raised)
+        assert registry.view().total("transactions_fenced") == 1
+        assert sender.stats()["fenced"] == "fenced by a newer instance"
+        assert any("STOPPED" in r.getMessage() for r in caplog.records if r.levelname == "ERROR")
+        assert sender._step() is False  # fenced: no new producer, nothing sent
+        # An unrelated failure is still one to reopen after, not a fence.
+        other = _sender(config, store, Registry())
+        other._trouble(SystemError("something else"))
+        assert other.stats()["fenced"] == ""
+    finally:
+        store.close()
+
+
 # --------------------------------------------------------------------------------------------
 # 6. Delayed, not dropped: the coordinator's traffic held past the producer's timeouts
 # --------------------------------------------------------------------------------------------
@@ -428,72 +481,197 @@ def test_a_second_agent_with_the_same_identity_fences_the_first_which_keeps_its_
 HOLD_SECONDS = CALL_TIMEOUT + 5
 
 
+@pytest.fixture(scope="module")
+def proxied_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """Two nodes (RF 2, min.insync.replicas 2) whose client traffic crosses a TcpProxy each,
+    so that holding the coordinator's proxy leaves the other node's partitions reachable.
+    Its own cluster (the shared one has no proxies); two nodes, not three: the machine is
+    shared, and a hold needs no third replica."""
+    with KafkaCluster(tmp_path_factory.mktemp("proxied-kafka"), nodes=2,
+                      proxied=True) as cluster:
+        yield cluster
+
+
 def _coordinator_log(cluster: KafkaCluster, node: int, transactional_id: str) -> list[str]:
     text = cluster.node(node).log_path.read_text(errors="replace")
     return [line for line in text.splitlines() if transactional_id in line]
 
 
-def test_coordinator_traffic_held_past_the_timeouts_then_delivered_late(
-    tmp_path: Path, unique_topic: str, artifacts_dir: Path,
+class _LogLines(logging.Handler):
+    """Keeps the text of each record, not the record (nor its arguments)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_an_end_txn_held_past_the_commit_timeout_lands_late_and_nothing_is_sent_twice(
+    tmp_path: Path, proxied_kafka: KafkaCluster, unique_topic: str,
+    monkeypatch: pytest.MonkeyPatch, read_backs: list[Landed], artifacts_dir: Path,
 ) -> None:
-    """Every client connection to the agent's transaction coordinator is held (bytes kept in
-    order, nothing passed on) for longer than Ferry's call timeout and librdkafka's request
-    timeout, then released: AddPartitionsToTxn, EndTxn and the next producer's
-    InitProducerId all reach the coordinator late (a request whose client gave up and closed
-    the connection is passed on at the close). Produce requests to the other node flow.
+    """The real sender, in this process, on 300 buffered messages; the moment its first
+    transaction has every record and its progress record acknowledged, the coordinator's
+    proxy is held, so the EndTxn (commit) is what waits. Ferry's commit gives up after its
+    30 s call timeout, drops the producer and opens a new one, whose InitProducerId is held
+    in turn until the restore; the held EndTxn reaches the coordinator after its client gave
+    up (when the old connection closes, or at the restore). Whichever the coordinator
+    settles first, the late commit or the new producer's epoch bump, a read_committed reader
+    sees each message once: if the late EndTxn committed the batch, the successor's progress
+    record covers it (nothing sent again); if it was fenced, the batch was aborted and is
+    sent again (its aborted copy stays in the log, invisible)."""
+    cluster = proxied_kafka
+    topic = unique_topic
+    cluster.create_topic(topic, 4)
+    identity = _identity("endtxn")
+    transactional_id = f"ferry-{identity}"
+    held: list[float] = []
+    coordinator: list[int] = []
+    log_offset: list[int] = []
+
+    class HoldingTheEndTxn(transactions.Producer):  # type: ignore[misc]  # untyped base
+        def commit_transaction(self, *args: Any) -> None:
+            if not held:
+                # Records and progress record acknowledged: the hold catches the EndTxn.
+                assert self.flush(30) == 0
+                # Known only now: init_transactions creates __transaction_state.
+                coordinator.append(cluster.transaction_coordinator(transactional_id))
+                log_offset.append(cluster.node(coordinator[0]).log_path.stat().st_size)
+                cluster.proxy(coordinator[0]).hold()
+                held.append(time.monotonic())
+            super().commit_transaction(*args)
+
+    monkeypatch.setattr(transactions, "Producer", HoldingTheEndTxn)
+    # The sender's log lines, as text: what it removed at the reopen as already committed.
+    messages = _LogLines()
+    sender_log = logging.getLogger("agent.forwarder.transactions")
+    sender_log.addHandler(messages)
+    config = _zombie_config(tmp_path, cluster.proxied_bootstrap, topic, identity)
+    store = Store(config.buffer.path, config.buffer.max_bytes)
+    registry = Registry()
+    sender = _sender(config, store, registry)
+    values = [f"m{i:05d}".encode() for i in range(N)]
+    try:
+        store.append([[Record(topic, v, key=f"k{i % KEYS}".encode(), hash_key=True)
+                       for i, v in enumerate(values)]])
+        sender.start()
+        try:
+            wait_until(lambda: held, timeout=60, message="the first commit reached")
+            wait_until(lambda: registry.view().total("transactions_aborted") >= 1,
+                       timeout=CALL_TIMEOUT + 30, interval=0.1,
+                       message="the held commit given up")
+            gave_up = time.monotonic() - held[0]
+            # Then hold on past the give-up, so the new producer's InitProducerId waits too:
+            # the length of the delay is the point of the test.
+            time.sleep(max(0.0, held[0] + HOLD_SECONDS - time.monotonic()))
+        finally:
+            if coordinator:
+                cluster.proxy(coordinator[0]).restore()
+        restored = time.monotonic()
+        try:
+            wait_until(lambda: sum(s.messages for s in store.topic_stats()) == 0,
+                       timeout=120, interval=0.1, message="buffer drained after the restore")
+        finally:
+            sender.stop(10)
+        drained = time.monotonic() - restored
+    finally:
+        store.close()
+        sender_log.removeHandler(messages)
+    committed = _committed(cluster.bootstrap, topic)
+    in_log = _uncommitted(cluster.bootstrap, topic)
+    lost, duplicated = _lost_and_duplicated(values, committed)
+    removed = sum(int(n) for n in re.findall(
+        r"(\d+) buffered messages of \S+ were already committed", "\n".join(messages.lines)))
+    coordinator_lines = _coordinator_log(cluster, coordinator[0], transactional_id)
+    with cluster.node(coordinator[0]).log_path.open("rb") as node_log:
+        node_log.seek(log_offset[0])
+        (artifacts_dir / "coordinator-node.log").write_bytes(node_log.read())
+    doc = {
+        "hold_seconds": HOLD_SECONDS, "coordinator": coordinator[0],
+        "commit_gave_up_after": round(gave_up, 1),
+        "drained_after_restore": round(drained, 1),
+        "late_end_txn": "committed the batch" if removed == N else "fenced: batch aborted",
+        "removed_at_reopen_as_already_committed": removed,
+        "read_back_found": sum(len(landed.ids) for landed in read_backs),
+        "records_in_log": len(in_log), "lost": lost, "duplicated": duplicated,
+        "sender_warnings": [m for m in messages.lines if "exactly-once:" in m][:5],
+        "transactions_aborted": registry.view().total("transactions_aborted"),
+        "coordinator_log": [line[:240] for line in coordinator_lines],
+    }
+    print("\n" + json.dumps(doc, indent=2))
+    (artifacts_dir / "late-end-txn.json").write_text(json.dumps(doc, indent=2))
+    assert (lost, duplicated) == (0, 0)
+    assert _key_order_broken(committed) == []
+    # Either outcome, all-or-nothing: the late commit took the whole batch, or none of it.
+    assert removed in (0, N)
+    assert len(in_log) == (N if removed == N else 2 * N)
+    assert doc["read_back_found"] == 0  # on Kafka: nothing uncertain is ever visible
+
+
+def test_coordinator_traffic_held_past_the_timeouts_then_delivered_late(
+    tmp_path: Path, proxied_kafka: KafkaCluster, unique_topic: str, artifacts_dir: Path,
+) -> None:
+    """The whole agent under keyed HTTP load; every client connection to its transaction
+    coordinator is held (bytes kept in order, nothing passed on) for longer than Ferry's call
+    timeout and librdkafka's request timeout, at whatever point the transaction is, then
+    released: AddPartitionsToTxn, EndTxn and the next producer's InitProducerId reach the
+    coordinator late (a request whose client gave up and closed the connection is passed on
+    at the close). Produce requests to the other node flow.
 
     librdkafka (2.16) speaks transaction protocol v1 (see the protocol test below): no
     KIP-890 epoch bump per transaction on the client side. Ferry never reuses a producer
-    whose transaction outcome is unknown: it drops it and its successor's
-    ``init_transactions`` bumps the epoch, fencing whatever of the old one lands late. Its
-    own cluster: two nodes (RF 2, min.insync.replicas 2) behind proxies, so that holding the
-    coordinator's proxy leaves the other node's partitions reachable."""
+    whose transaction outcome is unknown: it drops it, and its successor's
+    ``init_transactions`` bumps the epoch, fencing whatever of the old one lands late."""
+    cluster = proxied_kafka
     topic = unique_topic
-    with KafkaCluster(tmp_path / "kafka", nodes=2, proxied=True) as cluster:
-        cluster.create_topic(topic, 4)
-        identity = _identity("delay")
-        transactional_id = f"ferry-{identity}"
-        config = _eo_agent_config(tmp_path / "agent", cluster.proxied_bootstrap, topic,
-                                  identity)
-        with Agent(config) as agent:
-            run = _Run(agent, topic)
-            run.thread.start()
-            try:
-                run.wait_acked(200, 30, "before the hold")
-                run.wait_commits(3, 60, "before the hold")
-                node = cluster.transaction_coordinator(transactional_id)
-                log_before = len(_coordinator_log(cluster, node, transactional_id))
-                aborted_before = metric_total(agent.counters(), "transactions_aborted")
-                committed_before = run.commits()
-                run.mark("hold")
-                cluster.proxy(node).hold()
-                acked_at_hold = len(run.sender.acked)
-                # The delay is the point of the test, not a synchronisation.
-                time.sleep(HOLD_SECONDS)
-                committed_during = run.commits() - committed_before
-                acked_during = len(run.sender.acked) - acked_at_hold
-                run.mark("restore")
-                cluster.proxy(node).restore()
-                restored_at = time.monotonic()
-                first_commit = run.wait_commits(1, 120, "after the restore")
-                run.mark("first_commit_after_restore")
-                run.wait_commits(5, 60, "after the restore")
-                run.wait_acked(200, 30, "after the restore")
-            finally:
-                run.stop_load()
-            run.drain()
-            tally = _tally(run.sender, _committed(cluster.bootstrap, topic))
-            coordinator_lines = _coordinator_log(cluster, node, transactional_id)[log_before:]
-            (artifacts_dir / "coordinator.log").write_text("\n".join(coordinator_lines))
-            doc = _report(run, tally, hold_seconds=HOLD_SECONDS, coordinator=node,
-                          committed_during_hold=committed_during,
-                          acked_during_hold=acked_during,
-                          recovery_seconds=round(first_commit - restored_at, 1),
-                          aborted_by_the_hold=metric_total(agent.counters(),
-                                                           "transactions_aborted")
-                          - aborted_before,
-                          coordinator_log_lines=len(coordinator_lines))
-            (artifacts_dir / "delayed.json").write_text(json.dumps(doc, indent=2))
+    cluster.create_topic(topic, 4)
+    identity = _identity("delay")
+    transactional_id = f"ferry-{identity}"
+    config = _eo_agent_config(tmp_path / "agent", cluster.proxied_bootstrap, topic, identity)
+    with Agent(config) as agent:
+        run = _Run(agent, topic)
+        run.thread.start()
+        node = cluster.transaction_coordinator(transactional_id)
+        try:
+            run.wait_acked(200, 30, "before the hold")
+            run.wait_commits(3, 60, "before the hold")
+            log_before = len(_coordinator_log(cluster, node, transactional_id))
+            aborted_before = metric_total(agent.counters(), "transactions_aborted")
+            run.mark("hold")
+            cluster.proxy(node).hold()
+            acked_at_hold = len(run.sender.acked)
+            # The delay is the point of the test, not a synchronisation. Commits are counted
+            # from 5 s in: one whose EndTxn was answered just before the hold may reach the
+            # status counters (published a few times a second) a moment after it.
+            time.sleep(5)
+            committed_before = run.commits()
+            time.sleep(HOLD_SECONDS - 5)
+            committed_during = run.commits() - committed_before
+            acked_during = len(run.sender.acked) - acked_at_hold
+            run.mark("restore")
+            cluster.proxy(node).restore()
+            restored_at = time.monotonic()
+            first_commit = run.wait_commits(1, 120, "after the restore")
+            run.mark("first_commit_after_restore")
+            run.wait_commits(5, 60, "after the restore")
+            run.wait_acked(200, 30, "after the restore")
+        finally:
+            cluster.proxy(node).restore()
+            run.stop_load()
+        run.drain()
+        tally = _tally(run.sender, _committed(cluster.bootstrap, topic))
+        coordinator_lines = _coordinator_log(cluster, node, transactional_id)[log_before:]
+        doc = _report(run, tally, hold_seconds=HOLD_SECONDS, coordinator=node,
+                      committed_during_hold=committed_during,
+                      acked_during_hold=acked_during,
+                      recovery_seconds=round(first_commit - restored_at, 1),
+                      aborted_by_the_hold=metric_total(agent.counters(),
+                                                       "transactions_aborted")
+                      - aborted_before,
+                      coordinator_log=[line[:240] for line in coordinator_lines])
+        (artifacts_dir / "delayed.json").write_text(json.dumps(doc, indent=2))
     assert committed_during == 0, "nothing can commit while the coordinator is unreachable"
     assert acked_during > 0, "the agent kept accepting during the hold"
     _assert_exact(tally)

@@ -52,13 +52,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
+from confluent_kafka import Consumer, TopicPartition
 
 from agent.buffer.store import Store
 from ferry_client import FerryClient
 from spool.format import SpoolRecord
 from spool.writer import unique_file_name, write_spool_file
 from tests.agent_harness import write_config
-from tests.kafka import Broker
+from tests.kafka import Broker, topic_partitions
 from tests.reliability.harness import Agent, metric_total, read_values
 from tests.waiting import wait_until
 
@@ -417,6 +418,9 @@ def run_crash_check(
                    message="buffer drained")
         agent.terminate()
     drain = time.monotonic() - final_started
+    for name in names:
+        if is_exactly_once(name):
+            wait_transactions_settled(bootstrap, topics[name])
     inputs = {name: tally(ledger, name, read_values(bootstrap, topics[name],
                                                     read_committed=is_exactly_once(name)))
               for name in names}
@@ -426,6 +430,34 @@ def run_crash_check(
                   seconds=time.monotonic() - started, inputs=inputs, lives=lives,
                   socket_round_timeouts=ledger.round_timeouts,
                   errors=dict(ledger.errors), final_drain_seconds=drain)
+
+
+def wait_transactions_settled(bootstrap: str, topic: str, timeout: float = 60.0) -> None:
+    """Until no transaction is open on any partition of ``topic``: each partition's last
+    stable offset (how far a read_committed reader may read) has reached its high watermark.
+
+    Kafka answers a commit before it writes the commit markers to the partitions, so just
+    after a commit a read_committed reader meets "the end" of a partition at the start of
+    that transaction and sees none of it (measured: a few hundred ms on a loaded machine).
+    Read only once this holds, and only while nothing else writes the topic."""
+    partitions = topic_partitions(bootstrap, topic, timeout=10) or []
+    readers = {level: Consumer({"bootstrap.servers": bootstrap, "log_level": 0,
+                                "group.id": f"ferry-settled-{uuid.uuid4().hex}",
+                                "isolation.level": level})
+               for level in ("read_committed", "read_uncommitted")}
+
+    def ends(level: str) -> list[int]:
+        return [readers[level].get_watermark_offsets(TopicPartition(topic, p), timeout=10,
+                                                      cached=False)[1] for p in partitions]
+
+    try:
+        wait_until(lambda: ends("read_committed") == ends("read_uncommitted"),
+                   timeout=timeout, interval=0.1,
+                   message=f"every transaction on {topic} settled (last stable offsets at "
+                   "the high watermarks)")
+    finally:
+        for reader in readers.values():
+            reader.close()
 
 
 def _one_life(config: Path, topics: dict[str, str], spool_dir: Path, ledger: Ledger,
