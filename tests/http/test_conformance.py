@@ -85,6 +85,17 @@ def test_a_chunked_publish_offering_an_upgrade_stores_its_body(served: Served) -
     assert _values(served, "upc") == [b"hello"]
 
 
+def test_an_upgrade_publish_keeps_the_body_limit(serve: Callable[..., Served]) -> None:
+    """The body read after an Upgrade request's headers is held to the same limit."""
+    served = serve(topics={"default": {"ack_timeout_ms": 0, "max_message_bytes": 100}})
+    with raw.connect(served) as sock:
+        sock.sendall(raw.publish("upbig", b"x" * 101, *_H2C))
+        answer = raw.read_until_closed(sock)
+    assert _status(answer) == 413, answer[:200]
+    _later_publish_is_stored(served)
+    assert _values(served, "upbig") == []
+
+
 def test_an_upgrade_without_a_body_is_answered_as_plain_http(served: Served) -> None:
     answer = _exchange(served, b"GET /status/ping HTTP/1.1\r\nHost: x\r\n"
                        + b"\r\n".join(_H2C) + b"\r\n\r\n")
