@@ -334,6 +334,7 @@ def test_too_few_in_sync_replicas_keeps_everything_says_why_and_delivers_after(
     assert "CRITICAL" in text and "NOT_ENOUGH_REPLICAS" in text, text
     # The topic is named, with the cluster's figures; other teams' topics are not.
     assert f"{topic} partitions 0, 1, 2: 1 in-sync replica, min.insync.replicas 2" in reason
+    assert reason.count("in-sync replica") == 1, reason  # every topic on the cluster is short
     assert "NOT_ENOUGH_REPLICAS" not in after
     # A busy loop keeps a core busy (share ~1.0); waiting costs a few percent of one.
     assert cpu_share < 0.35, figures
