@@ -27,8 +27,10 @@ import base64
 import contextlib
 import functools
 import os
+import random
 import re
 import signal
+import socket
 import subprocess
 import time
 import uuid
@@ -45,7 +47,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not re-expo
     NewTopic,
 )
 
-from tests.kafka import LOOPBACK, TcpProxy, free_port, port_accepts
+from tests.kafka import LOOPBACK, TcpProxy, port_accepts
 from tests.waiting import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -70,6 +72,39 @@ def kafka_libs() -> Path:
             "(or dev/kafka/fetch alone)"
         )
     return libs
+
+
+_handed_out: set[int] = set()
+
+
+def node_port() -> int:
+    """A free loopback port below the kernel's ephemeral range, for a node's listener.
+
+    A node keeps its ports across kills and restarts, and binds them seconds after they are
+    picked. Ports from the ephemeral range (what ``free_port`` and every outgoing client
+    connection use) can be taken by some client's connection in between; below the range,
+    only another listener can take one.
+    """
+    low = _ephemeral_low()
+    for _ in range(1000):
+        port = random.randrange(max(1024, low - 12000), low)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((LOOPBACK, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def new_cluster_id() -> str:
@@ -218,7 +253,7 @@ class KafkaCluster:
         listeners: Iterable[Listener] = (),
         scram_users: Mapping[str, str] | None = None,
         properties: Mapping[str, str | int] | None = None,
-        heap: str = "512m",
+        heap: str = "768m",
         start_timeout: float = 90.0,
         proxied: bool = False,
     ) -> None:
@@ -242,9 +277,9 @@ class KafkaCluster:
         self.nodes = [
             KafkaNode(
                 node_id=i,
-                port=free_port(),
-                controller_port=free_port(),
-                extra_ports={listener.name: free_port() for listener in self.listeners},
+                port=node_port(),
+                controller_port=node_port(),
+                extra_ports={listener.name: node_port() for listener in self.listeners},
                 root=root / f"node-{i}",
             )
             for i in range(1, nodes + 1)
@@ -343,6 +378,9 @@ class KafkaCluster:
             "-Xms128m",
             "-XX:+UseG1GC",
             "-XX:MaxGCPauseMillis=20",
+            # A node out of memory stops at once with the error in its log, rather than
+            # living on with a dead thread (a controller channel) and failing tests obscurely.
+            "-XX:+ExitOnOutOfMemoryError",
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={log4j}",
             "-cp",
