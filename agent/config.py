@@ -111,6 +111,9 @@ class HttpConfig(_Section):
     body_timeout_seconds: float = Field(default=10.0, gt=0)
     header_timeout_seconds: float = Field(default=10.0, gt=0)
     keep_alive_seconds: float = Field(default=5.0, gt=0)
+    # Answers left unread above the transport's high-water mark this long drop the connection
+    # (a client that pipelines and never reads would otherwise hold it for ever).
+    write_timeout_seconds: float = Field(default=10.0, gt=0)
     # Largest body POST /topics/{topic}/batch takes (413 above); each message of it is still
     # limited by its topic's max_message_bytes.
     max_batch_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)

@@ -14,7 +14,8 @@ One ``HttpProtocol`` per connection, an ``asyncio.Protocol`` feeding
 - the trailer section of a chunked body, with its chunk framing: ``max_header_bytes`` plus
   ``CHUNK_FRAMING_BYTES`` a chunk (431);
 - a write deadline: answers left unread above the transport's high-water mark for
-  ``write_timeout`` drop the connection (a client that never reads holds nothing for ever);
+  ``http.write_timeout_seconds`` drop the connection (a client that never reads holds
+  nothing for ever);
 - the connection cap of ``Connections``.
 
 What is not HTTP/1.1 as Ferry speaks it is refused on the headers: a version other than 1.x
@@ -82,7 +83,7 @@ LINGER_BYTES = 4 * 1024 * 1024
 # How long answers may wait, unread by the client, above the transport's high-water mark
 # before the connection is dropped: a client that pipelines requests and never reads the
 # answers would otherwise hold its connection, its queued requests and their answers for
-# ever (issue #29 C).
+# ever (issue #29 C). The default of http.write_timeout_seconds, which server.py passes.
 WRITE_TIMEOUT = 10.0
 # A declared Content-Length over this is checked against the publish's exact limit at once
 # (413 before any of the body is read); under it the body is read and checked whole, which

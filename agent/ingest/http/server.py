@@ -95,7 +95,8 @@ class HttpServer:
                              header_bytes=cfg.max_header_bytes, headers=cfg.max_headers,
                              header_timeout=cfg.header_timeout_seconds,
                              body_timeout=cfg.body_timeout_seconds,
-                             keep_alive=cfg.keep_alive_seconds)
+                             keep_alive=cfg.keep_alive_seconds,
+                             write_timeout=cfg.write_timeout_seconds)
         self.connections = Connections(connection_cap(cfg.max_connections))
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
