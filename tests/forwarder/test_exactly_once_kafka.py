@@ -8,9 +8,11 @@ progress record plus read-back of the uncertain tail must be right on both, and 
 read-back should find nothing after an abort: these tests count what it finds.
 
 Every case counts, at a read_committed consumer, the acknowledged messages missing (lost) and
-the extra copies (duplicated), and asserts both are 0. The shared 3-node cluster
-(``apache_kafka``: RF 3, min.insync.replicas 2) serves every case but the delayed-traffic one,
-which needs the clients' traffic to pass through proxies and so starts its own.
+the extra copies (duplicated), and asserts both are 0, once the last commit's markers are
+written (Kafka writes them after answering the commit: a reader that comes too early stops at
+the start of that transaction). The shared 3-node cluster (``apache_kafka``: RF 3,
+min.insync.replicas 2) serves every case but the two delayed-traffic ones, which need the
+clients' traffic to pass through proxies and share a 2-node cluster of their own.
 """
 
 from __future__ import annotations
