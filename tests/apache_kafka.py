@@ -254,7 +254,7 @@ class KafkaCluster:
         scram_users: Mapping[str, str] | None = None,
         properties: Mapping[str, str | int] | None = None,
         heap: str = "768m",
-        start_timeout: float = 90.0,
+        start_timeout: float = 180.0,
         proxied: bool = False,
     ) -> None:
         if nodes < 1:
@@ -429,14 +429,17 @@ class KafkaCluster:
             )
         _live.add(node.process)
 
-    def start_node(self, node_id: int, *, wait: bool = True) -> None:
-        """Start a stopped node again (same ports, same data); wait until it has joined."""
+    def start_node(self, node_id: int, *, wait: bool = True,
+                   timeout: float | None = None) -> None:
+        """Start a stopped node again (same ports, same data); wait until it has joined,
+        for ``timeout`` seconds (default: the cluster's ``start_timeout``). A node restarted
+        after a kill -9 recovers its logs first, which takes longer on a loaded host."""
         node = self.node(node_id)
         if node.running:
             raise RuntimeError(f"node {node_id} is running")
         self._spawn(node)
         if wait:
-            self.wait_ready([node_id])
+            self.wait_ready([node_id], timeout=timeout)
 
     def kill(self, node_id: int) -> None:
         """SIGKILL one node's JVM (no shutdown of any kind) and reap it."""
@@ -509,12 +512,14 @@ class KafkaCluster:
                 continue
         return set()
 
-    def wait_ready(self, node_ids: Iterable[int] | None = None) -> None:
+    def wait_ready(self, node_ids: Iterable[int] | None = None, *,
+                   timeout: float | None = None) -> None:
         """Until each named node (default: every running one) is up and listed as a broker."""
         wanted = list(node_ids) if node_ids is not None else [
             n.node_id for n in self.nodes if n.running
         ]
-        deadline = time.monotonic() + self.start_timeout
+        limit = timeout if timeout is not None else self.start_timeout
+        deadline = time.monotonic() + limit
         for node_id in wanted:
             node = self.node(node_id)
             while True:
@@ -526,7 +531,7 @@ class KafkaCluster:
                     break
                 if time.monotonic() > deadline:
                     raise KafkaStartError(
-                        f"node {node_id} not ready within {self.start_timeout}s\n"
+                        f"node {node_id} not ready within {limit}s\n"
                         f"{node.log_tail()}"
                     )
                 time.sleep(0.1)
