@@ -51,6 +51,8 @@ def test_try_installs_the_runtime_set_and_the_broker_only() -> None:
 def test_test_installs_the_try_set_and_the_test_and_spark_extras() -> None:
     assert plan("test")["pip"] == "-e .[try,test,spark]"
     assert plan()["pip"] == "-e .[try,test,spark]"  # the default, what dev/test runs
+    assert "dev/kafka/fetch" in plan("test")["kafka"]  # Apache Kafka's jars for the suites
+    assert "kafka" not in plan("try")
     dev_test = (REPO_ROOT / "dev" / "test").read_text()
     assert re.search(r"^dev/bootstrap test$", dev_test, re.M)
     assert re.search(r"^dev/bootstrap try$", (REPO_ROOT / "dev" / "try").read_text(), re.M)
@@ -99,10 +101,16 @@ def test_one_venv_serves_both_in_either_order(tmp_path: Path) -> None:
     log = tmp_path / "pip.log"
     (bin_dir / "python").write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
     (bin_dir / "python").chmod(0o755)
-    tools = tmp_path / "tools"  # java present, so the test task asks apt for nothing
+    tools = tmp_path / "tools"  # java and mvn present, so the test task asks apt for nothing
     tools.mkdir()
-    (tools / "java").write_text("#!/bin/sh\n")
-    (tools / "java").chmod(0o755)
+    for tool in ("java", "mvn"):
+        (tools / tool).write_text("#!/bin/sh\n")
+        (tools / tool).chmod(0o755)
+    # Apache Kafka's jars: a stand-in fetch that records its calls (it has its own stamp).
+    fetched = tmp_path / "fetch.log"
+    (tmp_path / "dev" / "kafka").mkdir()
+    (tmp_path / "dev" / "kafka" / "fetch").write_text(f'#!/bin/sh\necho fetch >> {fetched}\n')
+    (tmp_path / "dev" / "kafka" / "fetch").chmod(0o755)
     env = {**os.environ, "PATH": f"{tools}:{os.environ['PATH']}",
            "FERRY_BOOTSTRAP_BROWSER": "0"}
 
@@ -115,7 +123,9 @@ def test_one_venv_serves_both_in_either_order(tmp_path: Path) -> None:
     installs = "-m pip install -q -e .[{}]"
     assert bootstrap("try") == [installs.format("try")]
     assert bootstrap("try") == []                      # already done
+    assert not fetched.exists()                        # try needs no Kafka jars
     assert bootstrap("test") == [installs.format("try,test,spark")]  # adds the rest
+    assert fetched.read_text().split() == ["fetch"]    # the test task fetches them
     assert bootstrap("test") == []
     assert bootstrap("try") == []                      # the test set covers it
     # A changed pyproject.toml: each task installs its set again.
