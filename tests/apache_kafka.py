@@ -40,7 +40,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, TopicCollection
 from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not re-exported
     AdminClient,
     NewPartitions,
@@ -587,15 +587,35 @@ class KafkaCluster:
         self.wait_for_leaders(name, total, timeout=timeout)
 
     def delete_topic(self, name: str, timeout: float = 30.0) -> None:
+        """Delete ``name`` and return once no node knows the deleted topic any more. With
+        auto-create on, a client's metadata request may re-create it at once: a topic of
+        the same name with another topic id counts as gone."""
         admin = self.admin()
+        before = self.topic_id(name)
         admin.delete_topics([name], request_timeout=timeout)[name].result(timeout=timeout)
-        wait_until(
-            lambda: all(
-                name not in self._topics_via(node) for node in self.nodes if node.running
-            ),
-            timeout=timeout,
-            message=f"topic {name!r} gone from every node's metadata",
-        )
+
+        def gone_everywhere() -> bool:
+            for node in self.nodes:
+                if node.running and name in self._topics_via(node):
+                    current = self.topic_id(name, via=node)
+                    if current is None or current == before:
+                        return False
+            return True
+
+        wait_until(gone_everywhere, timeout=timeout,
+                   message=f"topic {name!r} (id {before}) gone from every node's metadata")
+
+    def topic_id(self, name: str, via: KafkaNode | None = None) -> str | None:
+        """The topic id of ``name`` as a node (default: any running one) describes it, or
+        None when it does not know the topic."""
+        bootstrap = via.bootstrap if via is not None else ",".join(
+            n.bootstrap for n in self.nodes if n.running)
+        admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+        future = admin.describe_topics(TopicCollection([name]), request_timeout=10)[name]
+        try:
+            return str(future.result(timeout=15).topic_id)
+        except KafkaException:
+            return None
 
     def _topics_via(self, node: KafkaNode) -> dict[str, Any]:
         admin = AdminClient({"bootstrap.servers": node.bootstrap, "log_level": 0})
