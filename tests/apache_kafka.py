@@ -22,14 +22,11 @@ Settings that differ from a broker's defaults, and why (everything else is Kafka
 
 from __future__ import annotations
 
-import atexit
 import base64
 import contextlib
 import functools
-import os
 import random
 import re
-import signal
 import socket
 import subprocess
 import time
@@ -47,7 +44,14 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not re-expo
     NewTopic,
 )
 
-from tests.kafka import LOOPBACK, TcpProxy, port_accepts
+from tests.kafka import (
+    LOOPBACK,
+    TcpProxy,
+    kill_process,
+    log_tail,
+    port_accepts,
+    track_process,
+)
 from tests.waiting import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -128,24 +132,6 @@ def transaction_state_partition(transactional_id: str, partitions: int) -> int:
     return (0 if code == -(1 << 31) else abs(code)) % partitions
 
 
-# Node processes still running when the interpreter exits are killed, not left holding ports.
-_live: set[subprocess.Popen[bytes]] = set()
-
-
-@atexit.register
-def _kill_leftovers() -> None:
-    for process in list(_live):
-        _sigkill(process)
-
-
-def _sigkill(process: subprocess.Popen[bytes]) -> None:
-    _live.discard(process)
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signal.SIGKILL)
-    process.wait(timeout=30)
-
-
 class KafkaStartError(RuntimeError):
     """A node did not start or join in time; the message carries the end of its log."""
 
@@ -217,13 +203,7 @@ class KafkaNode:
         return f"{LOOPBACK}:{self.port}"
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return f"(no log at {self.log_path})"
-        return f"--- last {lines} lines of {self.log_path} ---\n" + "\n".join(
-            text.splitlines()[-lines:]
-        )
+        return log_tail(self.log_path, lines)
 
 
 class KafkaCluster:
@@ -427,7 +407,7 @@ class KafkaCluster:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # a Ctrl-C of the test run is not the node's
             )
-        _live.add(node.process)
+        track_process(node.process)
 
     def start_node(self, node_id: int, *, wait: bool = True,
                    timeout: float | None = None) -> None:
@@ -446,7 +426,7 @@ class KafkaCluster:
         node = self.node(node_id)
         process, node.process = node.process, None
         if process is not None:
-            _sigkill(process)
+            kill_process(process)
 
     def stop_node(self, node_id: int, timeout: float = 60.0) -> None:
         """SIGTERM: a controlled shutdown (leadership moved away first), as systemd stops."""
@@ -454,12 +434,10 @@ class KafkaCluster:
         process, node.process = node.process, None
         if process is None:
             return
-        _live.discard(process)
         process.terminate()
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _sigkill(process)
+        kill_process(process)  # reaps it; SIGKILLs it only if the shutdown hung
 
     def restart(self, node_id: int) -> None:
         """kill -9 then start again, and wait until the node is back in every ISR."""

@@ -118,23 +118,39 @@ _TANSU_ENV = (
     "OTEL_EXPORTER_OTLP_ENDPOINT",
 )
 
-# Broker processes still running when the interpreter exits (a test lost its Broker without
-# stopping it) are killed rather than left behind holding ports.
+# Broker processes (tansu here, Apache Kafka nodes in tests/apache_kafka.py) still running
+# when the interpreter exits (a test lost its broker without stopping it) are killed rather
+# than left behind holding ports.
 _live_processes: set[subprocess.Popen[bytes]] = set()
 
 
 @atexit.register
 def _kill_leftover_brokers() -> None:
     for process in list(_live_processes):
-        _kill(process)
+        kill_process(process)
 
 
-def _kill(process: subprocess.Popen[bytes]) -> None:
+def track_process(process: subprocess.Popen[bytes]) -> None:
+    """Have ``process`` SIGKILLed at interpreter exit unless :func:`kill_process` came first."""
+    _live_processes.add(process)
+
+
+def kill_process(process: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    """SIGKILL ``process`` (if it still runs) and reap it."""
     _live_processes.discard(process)
     if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(process.pid, signal.SIGKILL)
-    process.wait(timeout=10)
+    process.wait(timeout=timeout)
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of a process's log file, headed by its path."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return f"(no log at {path})"
+    return f"--- last {lines} lines of {path} ---\n" + "\n".join(text.splitlines()[-lines:])
 
 
 class BrokerStartError(RuntimeError):
@@ -257,7 +273,7 @@ class Broker:
                 stderr=subprocess.STDOUT,
                 env=env,
             )
-        _live_processes.add(self._process)
+        track_process(self._process)
         try:
             self._wait_ready()
         except BaseException:
@@ -292,7 +308,7 @@ class Broker:
         """SIGKILL the process (no graceful shutdown) and reap it. Idempotent."""
         process, self._process = self._process, None
         if process is not None:
-            _kill(process)
+            kill_process(process)
 
     def restart(self) -> None:
         """:meth:`stop` then :meth:`start`: same port, empty storage."""
@@ -300,13 +316,7 @@ class Broker:
         self.start()
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return f"(no log at {self.log_path})"
-        return f"--- last {lines} lines of {self.log_path} ---\n" + "\n".join(
-            text.splitlines()[-lines:]
-        )
+        return log_tail(self.log_path, lines)
 
     def __enter__(self) -> Self:
         if not self.running:
