@@ -20,7 +20,6 @@ from __future__ import annotations
 import collections
 import json
 import logging
-import multiprocessing
 import re
 import threading
 import time
@@ -40,7 +39,7 @@ from agent.metrics import Registry
 from agent.records import Record
 from tests.agent_harness import write_config
 from tests.apache_kafka import KafkaCluster
-from tests.forwarder.test_exactly_once_zombie import CRASHED, _child, _sender
+from tests.forwarder.test_exactly_once_zombie import _sender, crash_in_a_child
 from tests.kafka import ConsumedMessage, read_topic
 from tests.reliability.checker import wait_transactions_settled
 from tests.reliability.harness import Agent, metric_total
@@ -136,14 +135,7 @@ def test_a_successor_aborts_the_zombie_transaction_and_sends_each_message_once(
     config = _zombie_config(tmp_path, apache_kafka.bootstrap, topic, identity)
     store = Store(config.buffer.path, config.buffer.max_bytes)
     try:
-        values = [f"m{i:05d}".encode() for i in range(N)]
-        store.append([[Record(topic, v, key=f"k{i % KEYS}".encode(), hash_key=True)
-                       for i, v in enumerate(values)]])
-        child = multiprocessing.get_context("spawn").Process(
-            target=_child, args=(config.model_dump(mode="json", by_alias=True), point))
-        child.start()
-        child.join(90)
-        assert child.exitcode == CRASHED, f"the child did not crash at {point}"
+        values = crash_in_a_child(config, store, topic, point)
         assert sum(s.messages for s in store.topic_stats()) == N  # nothing deleted yet
         if point != "after_commit":
             # The dead producer's records are in the log, inside a transaction still open:

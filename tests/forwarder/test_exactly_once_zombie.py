@@ -112,6 +112,20 @@ def _read_committed(bootstrap: str, topic: str, *, seconds: float = 30.0,
     return out
 
 
+def crash_in_a_child(config: FerryConfig, store: Store, topic: str, point: str) -> list[bytes]:
+    """Buffer N keyed messages, then run the real transactional sender in a child process
+    that dies at ``point``; returns the values, in the order they were buffered."""
+    values = [f"m{i:05d}".encode() for i in range(N)]
+    store.append([[Record(topic, v, key=f"k{i % KEYS}".encode(), hash_key=True)
+                   for i, v in enumerate(values)]])
+    child = multiprocessing.get_context("spawn").Process(
+        target=_child, args=(config.model_dump(mode="json", by_alias=True), point))
+    child.start()
+    child.join(90)
+    assert child.exitcode == CRASHED, f"the child did not crash at {point}"
+    return values
+
+
 @pytest.mark.parametrize("point", ["before_progress", "before_commit", "after_commit"])
 def test_successor_leaves_each_message_once(tmp_path: Path, broker: Broker, unique_topic: str,
                                             point: str) -> None:
@@ -119,14 +133,7 @@ def test_successor_leaves_each_message_once(tmp_path: Path, broker: Broker, uniq
     config = _config(tmp_path, broker.bootstrap, topic)
     store = Store(config.buffer.path, config.buffer.max_bytes)
     try:
-        values = [f"m{i:05d}".encode() for i in range(N)]
-        store.append([[Record(topic, v, key=f"k{i % KEYS}".encode(), hash_key=True)
-                       for i, v in enumerate(values)]])
-        child = multiprocessing.get_context("spawn").Process(
-            target=_child, args=(config.model_dump(mode="json", by_alias=True), point))
-        child.start()
-        child.join(90)
-        assert child.exitcode == CRASHED, f"the child did not crash at {point}"
+        values = crash_in_a_child(config, store, topic, point)
         # The buffer still holds everything: the crash came before the delete.
         assert sum(s.messages for s in store.topic_stats()) == N
         if point != "after_commit":
