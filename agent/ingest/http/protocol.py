@@ -538,6 +538,8 @@ class HttpProtocol(asyncio.Protocol):
                                    f"{coding.decode('latin-1')!r} is not supported: send "
                                    "chunked or a Content-Length",
                                    reason="invalid_http", close=True))
+        if request.url[:1] != b"/" and request.url[:4].lower() == b"http":
+            request.url = _origin_form(request.url)
         self._route(request)
         if not request.publish:
             request.version = version  # for the ASGI scope
@@ -681,7 +683,9 @@ class HttpProtocol(asyncio.Protocol):
         assert transport is not None
         transport.write(self._head(status, headers, not keep_alive) + body)
         if not keep_alive:
-            if request.error is not None and transport.can_write_eof():
+            # Linger only while the client may still send: after its EOF nothing more comes,
+            # and waiting LINGER_SECONDS for it would hold the connection for nothing.
+            if request.error is not None and not self.eof and transport.can_write_eof():
                 self._linger()
             else:
                 self.close()
@@ -791,6 +795,20 @@ def _headers_too_large(limits: Limits) -> HttpError:
     return HttpError(431, "headers_too_large",
                      f"the request's headers are over {limits.header_bytes} bytes "
                      "(http.max_header_bytes)", reason="headers_too_large", close=True)
+
+
+def _origin_form(url: bytes) -> bytes:
+    """The path and query of an absolute-form target (``http://host/topics/t?q``), which a
+    server must accept (RFC 9112 §3.2.2): routed like ``/topics/t?q``, not 404. Found by the
+    differential fuzzing against h11 (tests/http/test_differential.py)."""
+    scheme, sep, rest = url.partition(b"://")
+    if not sep or scheme.lower() not in (b"http", b"https"):
+        return url
+    slash = rest.find(b"/")
+    query = rest.find(b"?")
+    if slash < 0 or 0 <= query < slash:
+        return b"/" + rest[query:] if query >= 0 else b"/"
+    return rest[slash:]
 
 
 def _unquote(raw: bytes) -> str:
