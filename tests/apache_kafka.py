@@ -112,8 +112,14 @@ def _ephemeral_low() -> int:
 
 
 def new_cluster_id() -> str:
-    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (Kafka's Uuid)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (Kafka's Uuid).
+
+    Never one that starts with "-" (1 in 64 would): the storage tool's argument parser takes
+    it for an option, as Kafka's own ``Uuid.randomUuid`` avoids for the same reason."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def java_string_hash(text: str) -> int:

@@ -26,9 +26,10 @@ def test_java_string_hash_matches_java() -> None:
     assert transaction_state_partition("polygenelubricants", 10) == 0  # abs(MIN_VALUE) is 0
 
 
-def test_cluster_ids_are_kafka_uuids() -> None:
-    cluster_id = new_cluster_id()
-    assert len(cluster_id) == 22 and "=" not in cluster_id
+def test_cluster_ids_are_kafka_uuids_that_no_argument_parser_takes_for_an_option() -> None:
+    # 1 in 64 random ids starts with "-"; 2,000 draws see one with near certainty.
+    ids = [new_cluster_id() for _ in range(2000)]
+    assert all(len(i) == 22 and "=" not in i and not i.startswith("-") for i in ids)
 
 
 def test_the_cluster_is_apache_kafka_with_three_in_sync_replicas(
