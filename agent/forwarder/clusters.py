@@ -175,6 +175,15 @@ class Cluster:
     def outstanding(self) -> int:
         return sum(len(p) for p in self._producers.values())
 
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for a delivery report of one of its producers (serving the
+        callbacks of that producer). False at once when it has no producer yet, so the
+        caller decides how else to pause."""
+        for p in list(self._producers.values()):
+            p.poll(timeout)
+            return True
+        return False
+
     # -- topic layouts ---------------------------------------------------------------------
     def layout(self, topic: str) -> TopicLayout | None:
         """The topic's partitions, or None while they are being looked up."""
@@ -192,6 +201,14 @@ class Cluster:
         """The topics the forwarder has looked up here (it sends to them)."""
         with self._lock:
             return sorted(self._used)
+
+    def forget(self, topic: str) -> None:
+        """The forwarder holds nothing of ``topic`` any more: stop listing it among the
+        topics it sends to (the probe's diagnosis reads them), so that topics which come
+        and go do not pile up here. Its layout stays: the full metadata refresh keeps every
+        topic of the cluster anyway, and a send looks it up again through ``layout``."""
+        with self._lock:
+            self._used.discard(topic)
 
     def known_missing(self, topic: str) -> bool:
         with self._lock:

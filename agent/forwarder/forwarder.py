@@ -296,10 +296,7 @@ class Forwarder:
                 for st in self._topics.values():
                     st.drained_at = 0.0
             return
-        producers = [p for c in self.clusters.values() for p in c._producers.values()]
-        if producers:
-            producers[0].poll(timeout)
-        else:
+        if not any(c.wait(timeout) for c in self.clusters.values()):
             time.sleep(timeout)  # nothing to wait on yet; bounded idle pause
 
     def _poll(self) -> None:

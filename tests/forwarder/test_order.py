@@ -84,7 +84,6 @@ class FakeCluster:
         self.health.probe_answered(1)  # no probe thread here: the test plays the cluster
         self.brokers = 1
         self.p = FakeProducer()
-        self._producers = {"leader": self.p}
 
     @property
     def up(self) -> bool:
@@ -111,6 +110,13 @@ class FakeCluster:
 
     def outstanding(self) -> int:
         return len(self.p)
+
+    def wait(self, timeout: float) -> bool:
+        self.p.poll(timeout)
+        return True
+
+    def forget(self, topic: str) -> None:
+        pass
 
     def purge_queued(self, acks: str) -> None:
         self.p.purge()
