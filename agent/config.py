@@ -34,6 +34,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from ferry_client.topic_names import illegal_topic, is_legal_topic
+
 DEFAULT_CONFIG_PATH = Path("/etc/ferry/ferry.toml")
 
 # The TOML file load_config() is reading; a context variable rather than a class attribute so
@@ -42,14 +44,6 @@ _toml_file: ContextVar[Path | None] = ContextVar("_toml_file", default=None)
 # Sections whose FERRY_* value did not parse during the current load, collected rather than
 # raised so that one run reports them together with every other problem.
 _unreadable_env: ContextVar[list[str] | None] = ContextVar("_unreadable_env", default=None)
-
-# Kafka's own rule for topic names (kafka.common.internals.Topic).
-_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-
-
-def is_valid_topic(name: str) -> bool:
-    return bool(_TOPIC_RE.fullmatch(name)) and name not in (".", "..")
-
 
 log = logging.getLogger(__name__)
 
@@ -280,8 +274,8 @@ class FerryConfig(BaseSettings):
     @classmethod
     def _topic_names(cls, value: dict[str, TopicConfig]) -> dict[str, TopicConfig]:
         for name in value:
-            if name != "default" and not is_valid_topic(name):
-                raise ValueError(f"{name!r} is not a legal Kafka topic name")
+            if name != "default" and not is_legal_topic(name):
+                raise ValueError(illegal_topic(name))
         value.setdefault("default", TopicConfig())
         return value
 

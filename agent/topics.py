@@ -25,7 +25,8 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from agent.buffer.store import Store
-from agent.config import FerryConfig, TopicConfig, is_valid_topic
+from agent.config import FerryConfig, TopicConfig
+from ferry_client.topic_names import illegal_topic, is_legal_topic
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ DEFAULT_SECTION = "default"
 Origin = Literal["config", "api", "auto"]
 
 # Clients publish to a handful of names millions of times: remember the verdict of the regex.
-valid_topic = functools.lru_cache(maxsize=4096)(is_valid_topic)
+valid_topic = functools.lru_cache(maxsize=4096)(is_legal_topic)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,10 +207,8 @@ class TopicCatalog:
             return generation
 
     def _writable(self, name: str) -> None:
-        if not is_valid_topic(name):
-            raise InvalidTopicName(
-                f"{name[:300]!r} is not a legal Kafka topic name: 1 to 249 of A-Z a-z 0-9 . _ -"
-                ", and not '.' or '..'")
+        if not is_legal_topic(name):
+            raise InvalidTopicName(illegal_topic(name))
         if name == DEFAULT_SECTION or name in self._config_topics:
             raise TopicReadOnly(
                 f"topic {name!r} is defined in the configuration file and cannot be changed "

@@ -26,13 +26,13 @@ from ferry_client.http import (
     PublishRejected,
     publish,
 )
+from ferry_client.topic_names import is_legal_topic
 from ferry_client.wire import (
     ANY_PARTITION,
     API_VERSION,
     PARTITION_KEY,
     encode_any_partition,
     encode_partition_key,
-    is_legal_topic,
 )
 
 __all__ = [

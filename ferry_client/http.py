@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from urllib.parse import urlsplit
 
-from ferry_client.wire import is_legal_topic
+from ferry_client.topic_names import illegal_topic, is_legal_topic
 
 __all__ = ["FerryHttp", "PublishError", "PublishFailed", "PublishRejected", "Published",
            "publish"]
@@ -137,8 +137,7 @@ class FerryHttp:
         argument, :class:`PublishRejected` or :class:`PublishFailed`.
         """
         if not is_legal_topic(topic):
-            raise ValueError(f"topic {topic!r} is not a legal Kafka topic name "
-                             "(1 to 249 of A-Z a-z 0-9 . _ -, and not '.' or '..')")
+            raise ValueError(illegal_topic(topic))
         if not isinstance(value, bytes | bytearray | memoryview):
             raise ValueError(f"value must be bytes, not {type(value).__name__}")
         send: dict[str, str] = dict(headers or {})

@@ -19,9 +19,10 @@ everything Ferry would reject for its form is refused here with :class:`ValueErr
 
 from __future__ import annotations
 
-import re
 import time
 from struct import Struct
+
+from ferry_client.topic_names import illegal_topic, is_legal_topic
 
 __all__ = [
     "ANY_PARTITION",
@@ -45,17 +46,6 @@ _TAIL = _TS_KEYSIZE.size + _VALUESIZE.size
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-# Kafka's rule for topic names (kafka.common.internals.Topic); agent.config.is_valid_topic is
-# the same rule, and tests/ferry_client/test_wire.py keeps the two equal. \Z, not $: "$" would also
-# match before a final newline, which Kafka refuses.
-_TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}\Z")
-
-
-def is_legal_topic(topic: str) -> bool:
-    """Whether Kafka (and so Ferry) accepts ``topic`` as a topic name."""
-    return isinstance(topic, str) and bool(_TOPIC_RE.match(topic)) and topic not in (".", "..")
-
 
 def encode_any_partition(
     topic: str,
@@ -118,9 +108,7 @@ def encode_partition_key(
 
 def _topic(topic: str) -> bytes:
     if not is_legal_topic(topic):
-        shown = topic[:64] if isinstance(topic, str) else topic
-        raise ValueError(f"topic {shown!r} is not a legal Kafka topic name "
-                         "(1 to 249 of A-Z a-z 0-9 . _ -, and not '.' or '..')")
+        raise ValueError(illegal_topic(topic, shown=64))
     return topic.encode("ascii")  # legal names are ASCII, at most 249 bytes: fits int16
 
 

@@ -10,7 +10,7 @@ from spool.format import (
     SpoolFormatError,
     SpoolRecord,
     check_topic,
-    is_valid_topic,
+    is_legal_topic,
 )
 from spool.reader import (
     BinarySpoolReader,
@@ -37,7 +37,7 @@ __all__ = [
     "SpoolWriter",
     "TextLinesReader",
     "check_topic",
-    "is_valid_topic",
+    "is_legal_topic",
     "list_ready_files",
     "list_stale_temp_files",
     "list_unrecognized_files",

@@ -37,11 +37,13 @@ record. ``docs/spool.md`` is the prose version of this layout.
 
 from __future__ import annotations
 
-import re
 import struct
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
+
+from ferry_client import topic_names
+from ferry_client.topic_names import illegal_topic, is_legal_topic
 
 MAGIC = b"FERRYSPL"
 TRAILER_MAGIC = b"FERRYEND"
@@ -62,7 +64,7 @@ FLAG_KEY = 1
 FLAG_PARTITION_KEY = 2
 KNOWN_FLAGS = FLAG_KEY | FLAG_PARTITION_KEY
 
-MAX_TOPIC_LENGTH = 249
+MAX_TOPIC_LENGTH = topic_names.MAX_LENGTH
 # Sanity bounds, not Kafka limits: they keep a corrupt length field from making a reader
 # allocate gigabytes, and bound a reader's memory to one block.
 MAX_RECORD_BYTES = 256 * 1024 * 1024
@@ -75,7 +77,6 @@ TIMESTAMP_MAX = 2**63 - 1
 
 Headers = tuple[tuple[str, bytes], ...]
 
-_TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
 class SpoolRecord(NamedTuple):
@@ -98,20 +99,12 @@ class SpoolFormatError(ValueError):
     """A spool file breaks the format; the message names the file and where."""
 
 
-def is_valid_topic(topic: str) -> bool:
-    """Kafka's rule: 1-249 characters of ``[A-Za-z0-9._-]``, and not ``.`` or ``..``."""
-    return _TOPIC_RE.fullmatch(topic) is not None and topic not in (".", "..")
-
-
 def check_topic(topic: object) -> str:
     """``topic`` if it is a legal Kafka topic name, else ValueError saying why not."""
     if not isinstance(topic, str):
         raise ValueError(f"topic must be a string, not {type(topic).__name__}")
-    if not is_valid_topic(topic):
-        raise ValueError(
-            f"{topic!r} is not a legal Kafka topic name "
-            "(1-249 characters of A-Z a-z 0-9 . _ -, and not '.' or '..')"
-        )
+    if not is_legal_topic(topic):
+        raise ValueError(illegal_topic(topic))
     return topic
 
 
@@ -353,7 +346,7 @@ def decode_topic(raw: bytes) -> str:
         topic = raw.decode("ascii")
     except UnicodeDecodeError:
         raise SpoolFormatError(f"topic {raw!r} is not a legal Kafka topic name") from None
-    if not is_valid_topic(topic):
+    if not is_legal_topic(topic):
         raise SpoolFormatError(f"topic {topic!r} is not a legal Kafka topic name")
     return topic
 

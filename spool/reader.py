@@ -48,7 +48,7 @@ from spool.format import (
     check_record_shape,
     decode_headers,
     decode_topic,
-    is_valid_topic,
+    is_legal_topic,
 )
 
 # Subdirectories of a spool directory the agent owns; never topics, never listed.
@@ -474,7 +474,7 @@ class _LinesReader(SpoolReader):
 
     def __init__(self, path: str | os.PathLike[str], topic: str) -> None:
         super().__init__(path)
-        if not is_valid_topic(topic):
+        if not is_legal_topic(topic):
             raise SpoolFormatError(
                 f"{path}: directory name {topic!r} is not a legal Kafka topic name"
             )
@@ -673,7 +673,7 @@ def _topic_dirs(spool_dir: Path) -> Iterator[os.DirEntry[str]]:
                 entry.is_dir(follow_symlinks=False)
                 and entry.name not in RESERVED_DIRS
                 and not entry.name.startswith(".")
-                and is_valid_topic(entry.name)
+                and is_legal_topic(entry.name)
             ):
                 yield entry
 
@@ -689,7 +689,7 @@ def _classify(spool_dir: Path) -> tuple[list[os.DirEntry[str]], list[os.DirEntry
             if entry.is_file(follow_symlinks=False):
                 (ready if entry.name.endswith(EXTENSION) else other).append(entry)
             elif entry.is_dir(follow_symlinks=False) and not (
-                entry.name in RESERVED_DIRS or is_valid_topic(entry.name)
+                entry.name in RESERVED_DIRS or is_legal_topic(entry.name)
             ):
                 other.append(entry)
     for topic_dir in _topic_dirs(spool_dir):

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.config import is_valid_topic
 from agent.records import Record
+from ferry_client.topic_names import is_legal_topic
 
 log = logging.getLogger(__name__)
 # How far back to look for the end of the last whole line (a line holds one message, base64).
@@ -167,7 +167,7 @@ def read_discards(path: Path) -> Iterator[tuple[int, Record]]:
                 topic = doc["topic"]
                 pk = doc.get("partition_key")
                 ts = doc.get("timestamp_ms")
-                if not isinstance(topic, str) or not is_valid_topic(topic):
+                if not is_legal_topic(topic):
                     raise ValueError(f"{topic!r} is not a legal topic name")
                 if pk is not None and (type(pk) is not int or not -(2**31) <= pk < 2**31):
                     raise ValueError(f"partition_key {pk!r} is not a 32-bit integer")

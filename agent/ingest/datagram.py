@@ -26,8 +26,8 @@ from collections.abc import Callable, Mapping
 from struct import Struct
 
 from agent.buffer.codec import encode_value
-from agent.config import is_valid_topic
 from agent.records import Record
+from ferry_client.topic_names import illegal_topic, is_legal_topic
 from ferry_client.wire import ANY_PARTITION, API_VERSION, PARTITION_KEY
 
 __all__ = [
@@ -221,10 +221,8 @@ def _check_topic(raw: bytes) -> str:
         topic = raw.decode("ascii")
     except UnicodeDecodeError:
         raise Reject(INVALID_TOPIC, f"topic {raw[:64]!r} is not ASCII") from None
-    # is_valid_topic's regex ends in "$", which also matches before a final "\n"; Kafka's rule
-    # allows no newline anywhere, so refuse it here rather than forward an undeliverable name.
-    if not is_valid_topic(topic) or "\n" in topic:
-        raise Reject(INVALID_TOPIC, f"topic {topic[:64]!r} is not a legal Kafka topic name")
+    if not is_legal_topic(topic):
+        raise Reject(INVALID_TOPIC, illegal_topic(topic, shown=64))
     if len(_TOPIC_CACHE) >= _TOPIC_CACHE_MAX:
         _TOPIC_CACHE.clear()
     topic = sys.intern(topic)

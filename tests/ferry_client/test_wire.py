@@ -19,10 +19,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.config import is_valid_topic
 from agent.ingest import datagram as decoder
 from agent.records import Record
 from ferry_client import wire
+from spool.format import is_legal_topic as spool_rule
 
 LIMIT = 10_000_000
 
@@ -103,13 +103,13 @@ def test_partition_key_round_trips_through_the_agent(
 
 @given(st.text(max_size=260))
 def test_client_and_agent_agree_on_legal_topic_names(name: str) -> None:
-    assert wire.is_legal_topic(name) == is_valid_topic(name)
+    assert wire.is_legal_topic(name) == spool_rule(name)
 
 
 @pytest.mark.parametrize("name", ["", ".", "..", "a" * 250, "has space", "caf\u00e9", "abc\n",
                                   "a/b", "a\x00"])
 def test_illegal_topic_names(name: str) -> None:
-    assert not wire.is_legal_topic(name) and not is_valid_topic(name)
+    assert not wire.is_legal_topic(name) and not spool_rule(name)
     with pytest.raises(ValueError, match="not a legal Kafka topic name"):
         wire.encode_any_partition(name, b"v")
     with pytest.raises(ValueError, match="not a legal Kafka topic name"):

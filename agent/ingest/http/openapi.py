@@ -13,6 +13,7 @@ from typing import Any
 from agent import __version__
 from agent.ingest.http.idempotency import MAX_KEY_LENGTH
 from agent.topics import settings_schema
+from ferry_client import topic_names
 
 _REF = "#/components/schemas/"
 _RESP = "#/components/responses/"
@@ -35,7 +36,7 @@ def _error(description: str, retry_after: bool = False) -> dict[str, Any]:
 _TOPIC_PARAM = {
     "name": "topic", "in": "path", "required": True,
     "description": "Kafka topic name",
-    "schema": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,249}$",
+    "schema": {"type": "string", "pattern": topic_names.PATTERN,
                "not": {"enum": [".", ".."]}},
 }
 

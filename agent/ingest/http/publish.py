@@ -44,6 +44,7 @@ from agent.ingest.http.ratelimit import RateLimiter
 from agent.records import Record, Source
 from agent.runtime import Phase, Runtime
 from agent.topics import TopicCatalog, valid_topic
+from ferry_client.topic_names import illegal_topic
 
 log = logging.getLogger(__name__)
 
@@ -315,9 +316,7 @@ class Publisher:
         if not runtime.accepting:
             raise _not_accepting(runtime.phase)
         if not valid_topic(topic):
-            raise HttpError(400, "invalid_topic",
-                            f"{topic[:300]!r} is not a legal Kafka topic name: 1 to 249 of "
-                            "A-Z a-z 0-9 . _ -, and not '.' or '..'", reason="invalid_topic")
+            raise HttpError(400, "invalid_topic", illegal_topic(topic), reason="invalid_topic")
         if topic.startswith("__") and topic not in self.internal_topics and \
                 self.catalog.entry(topic) is None:
             # Kafka's own (__consumer_offsets, __transaction_state) and other tools'
