@@ -16,7 +16,6 @@ commits, which wait for the cluster, out of the at-least-once loop.
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -32,6 +31,7 @@ from agent.config import FerryConfig, TopicConfig
 from agent.forwarder.clusters import Cluster, producer_config
 from agent.forwarder.discard_log import Discard, DiscardLog
 from agent.forwarder.partitioner import choose
+from agent.forwarder.plain import NOT_PLAIN, plain_values
 from agent.forwarder.progress import (
     HEADER,
     Landed,
@@ -375,20 +375,14 @@ class ExactlyOnce:
                      b: _Batch, discards: list[Discard], outcomes: list[Outcome]) -> int:
         """Send one read of ``topic`` inside the open transaction; the number sent.
 
-        As in the at-least-once loop (forwarder.py, ``_send_values``), a plain message goes
-        out from its stored value without a Record or StoredMessage: the header is read
-        here and the producer gets slices of the value, positionally. Anything else (headers
-        of its own, an older generation, a TTL or size to check, a value that does not
-        decode) takes ``_unsendable`` and ``_produce``, with the same rules. A change to
-        what counts as plain belongs in both loops."""
+        As in the at-least-once loop (send.py, ``Sending._send_values``), a plain message
+        goes out from its stored value without a Record or StoredMessage, decoded by the same
+        ``plain_values``; the producer gets slices of the value, positionally. Anything else
+        takes ``_unsendable`` and ``_produce``, with the same rules."""
         settings = self.topic_settings(topic)
         gen = self.store.generation(topic)
         layout = self.cluster.layout(topic)
-        unpack = codec.HEADER.unpack_from
-        hsize = codec.HEADER.size
-        version_now = codec.VERSION
-        has_key, has_pk, hash_key = codec.HAS_KEY, codec.HAS_PARTITION_KEY, codec.HASH_KEY
-        max_plain = settings.max_message_bytes + hsize
+        has_pk, hash_key = codec.HAS_PARTITION_KEY, codec.HASH_KEY
         # The oldest message read is younger than the TTL: none of them needs the check.
         check_ttl = (int(time.time() * 1000) - keys.id_timestamp_ms(values[0][0])
                      > settings.ttl_seconds * 1000)
@@ -401,14 +395,9 @@ class ExactlyOnce:
         # A transaction begins with the first message sent (a read of discards alone
         # needs none).
         open_ = self._in_transaction
-        for mid, v in values:
-            try:
-                version, flags, g, ts, pk, klen, nheaders = unpack(v)
-            except struct.error:  # shorter than a header: _unsendable discards it as corrupt
-                version = klen = nheaders = -1
-            pos = hsize + klen
-            if (version != version_now or nheaders or g < gen or check_ttl
-                    or pos > len(v) or len(v) > max_plain):
+        for mid, v, flags, ts, pk, key, value in plain_values(values, gen, check_ttl,
+                                                              settings.max_message_bytes):
+            if flags == NOT_PLAIN:
                 m = message(topic, mid, v)
                 dropped = self._unsendable(m, settings, gen)
                 if dropped is not None:
@@ -431,14 +420,13 @@ class ExactlyOnce:
             partition = choose(layout, pk if flags & has_pk else None, bool(flags & hash_key))
             headers: list[tuple[str, str | bytes | None]] = [
                 (HEADER, prefix + mid.hex().encode())]
-            key = v[hsize:pos] if flags & has_key else None
             while True:
                 try:
                     # Positional, in produce()'s order (topic, value, key, partition,
-                    # callback, on_delivery, timestamp, headers): keywords cost more. The
-                    # report callback goes in the 5th place: given there, even as None, it
-                    # hides the 6th (on_delivery, the same thing under another name).
-                    produce(topic, v[pos:], key, partition, partial(_report, reports, mid),
+                    # callback, on_delivery, timestamp, headers): see send.py's docstring.
+                    # The report callback goes in the 5th place: given there, even as None,
+                    # it hides the 6th (on_delivery, the same thing under another name).
+                    produce(topic, value, key, partition, partial(_report, reports, mid),
                             None, ts, headers)
                     break
                 except BufferError:

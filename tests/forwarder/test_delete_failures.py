@@ -12,7 +12,7 @@ import pytest
 
 from agent.buffer.store import BufferUnavailable
 from agent.config import TopicConfig
-from agent.forwarder import forwarder as forwarder_module
+from agent.forwarder import leaving
 from agent.records import Record
 from tests.forwarder.test_discard_log_full import Acking
 from tests.forwarder.test_failure_paths import Setup, run_until, setup  # noqa: F401
@@ -23,7 +23,7 @@ def test_a_failing_delete_is_two_log_lines_however_long_it_fails(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
     caplog.set_level(logging.WARNING)
-    monkeypatch.setattr(forwarder_module, "DELETE_RETRY_SECONDS", 0.001)
+    monkeypatch.setattr(leaving, "DELETE_RETRY_SECONDS", 0.001)
     fwd = setup.forwarder({"local": Acking()}, lambda t: TopicConfig())
     setup.store.append([[Record("t", b"m%d" % i) for i in range(3000)]])
     remove_many = setup.store.remove_many

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from agent.config import TopicConfig
-from agent.forwarder import forwarder as forwarder_module
+from agent.forwarder import reading
 from agent.forwarder.discard_log import Discard, DiscardLog, DiscardLogFull, read_discards
 from agent.records import Record
 from tests.forwarder.test_failure_paths import Setup, run_until, setup  # noqa: F401
@@ -125,7 +125,7 @@ def test_held_discards_are_bounded(
 ) -> None:
     """While the log refuses, no more than MAX_HELD_DISCARDS wait in memory: reading stops
     (the rest stays in the buffer) until they can leave."""
-    monkeypatch.setattr(forwarder_module, "MAX_HELD_DISCARDS", 500)
+    monkeypatch.setattr(reading, "MAX_HELD_DISCARDS", 500)
     fwd = setup.forwarder({"local": FakeCluster()}, lambda t: TopicConfig(max_message_bytes=10))
     fwd.discard_log = DiscardLog(setup.discards, max_bytes=1)
     setup.store.append([[Record("big", b"x" * 100) for _ in range(5000)]])

@@ -17,7 +17,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from agent.buffer.store import Store
 from agent.config import BufferConfig, FerryConfig, ForwarderConfig, TopicConfig
-from agent.forwarder import forwarder as forwarder_module
+from agent.forwarder import reading
 from agent.forwarder.discard_log import DiscardLog
 from agent.forwarder.forwarder import Forwarder
 from agent.forwarder.partitioner import TopicLayout
@@ -215,7 +215,7 @@ class Unreachable(FakeCluster):
 def test_an_expired_backlog_is_discarded_a_bounded_number_per_step(
     setup: Setup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    n = 3 * forwarder_module.EXPIRE_PER_STEP + 100
+    n = 3 * reading.EXPIRE_PER_STEP + 100
     with monkeypatch.context() as m:
         an_hour_ago = time.time() - 3600
         m.setattr(time, "time", lambda: an_hour_ago)  # accepted an hour ago
@@ -233,7 +233,7 @@ def test_an_expired_backlog_is_discarded_a_bounded_number_per_step(
     # batch (DELETE_BATCH_SECONDS), which a fast host reaches only after many idle steps.
     run_until(fwd, lambda: not setup.store.topic_stats(), "the expired backlog to leave")
     assert sum(flushed) == n
-    assert max(flushed) <= forwarder_module.EXPIRE_PER_STEP
+    assert max(flushed) <= reading.EXPIRE_PER_STEP
     assert setup.discard_reasons() == ["ttl"] * n
 
 

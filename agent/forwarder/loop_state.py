@@ -1,0 +1,189 @@
+"""What the rooms of the forwarder's loop share: its state, and the steps each room offers
+the others.
+
+The loop (forwarder.py) is one class made of rooms, one file each:
+
+| room | file | what it does |
+| --- | --- | --- |
+| ``Reading`` | reading.py | reads each topic's buffer in order, checks what must not be sent |
+| ``Routing`` | routing.py | chooses the cluster: local, or the remote one for fallback topics |
+| ``Sending`` | send.py | builds and produces messages (the plain-message fast path) |
+| ``Reports`` | reports.py | delivery reports: acknowledged messages, failed sends |
+| ``Retries`` | retries.py | what a failed send becomes: a retry, the other cluster, a discard |
+| ``StuckTopics`` | stuck_topics.py | topics that cannot deliver, shown until they do |
+| ``Leaving`` | leaving.py | discards, and the batched durable delete of what left |
+| ``ClusterWatch`` | cluster_watch.py | each cluster's state, fed with its sends; the gauges |
+
+They are one class, not objects passing messages, because one thread runs them all on every
+2 ms step and they share one in-flight table: a room reads and writes the state declared
+here directly (no locks, no copies), and calls another room's step through the abstract
+methods below, which list every way the rooms depend on each other.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable
+from typing import Any, TypeGuard
+
+from confluent_kafka import KafkaError, KafkaException, Message
+
+from agent.ack_signal import AckSender
+from agent.buffer.store import Corrupt, Outcome, Store, StoredMessage
+from agent.commit_signal import CommitListener
+from agent.config import FerryConfig, TopicConfig
+from agent.forwarder.clusters import Cluster
+from agent.forwarder.discard_log import Discard, DiscardLog
+from agent.forwarder.flight import Flight, Report
+from agent.forwarder.leaving_batch import LeavingBatch
+from agent.forwarder.partitioner import TopicLayout
+from agent.forwarder.topic_state import TopicState
+from agent.forwarder.transactions import ExactlyOnce
+from agent.forwarder.trouble import Trouble
+from agent.log_limit import LogLimit
+from agent.metrics import Registry
+
+# The forwarder's one logger, under the name it always had: log settings and alerts name it.
+log = logging.getLogger("agent.forwarder.forwarder")
+
+
+class LoopState(ABC):
+    config: FerryConfig
+    store: Store
+    registry: Registry
+    discard_log: DiscardLog
+    topic_settings: Callable[[str], TopicConfig]
+    clusters: dict[str, Cluster]
+    exactly_once: ExactlyOnce
+    max_in_flight: int
+    per_topic_cap: int
+    backoff_initial: float
+    backoff_max: float
+    _ack_signal: AckSender
+    _commits: CommitListener | None
+    _topics: dict[str, TopicState]
+    _in_flight: int
+    # One list for the forwarder's life: every local Flight in flight holds it as its sink.
+    _reports: list[Report]
+    _retry_topics: set[str]
+    _speculative: deque[tuple[float, Flight]]
+    _leaving: LeavingBatch
+    _generations: dict[str, int]
+    _next_topic_scan: float
+    _present: set[str]  # topics with buffered messages, as last scanned
+    _next_gauges: float
+    _parked: int  # local sends of topics the local cluster says do not exist
+    _next_parked: float
+    _replaced: dict[tuple[str, str], float]
+    _delete_trouble: Trouble
+    _log_trouble: Trouble
+    _log_retry_at: float
+    # Cluster state changes and stuck topics can repeat for hours: a line a minute each.
+    _limited: LogLimit
+
+    @abstractmethod
+    def _sendable(self, m: StoredMessage | Corrupt, settings: TopicConfig, gen: int,
+                  max_size: int, check_ttl: bool, now_ms: int, ttl_ms: int
+                  ) -> TypeGuard[StoredMessage]:
+        ...
+
+    @abstractmethod
+    def _expire_head(self, topic: str, st: TopicState, now: float) -> bool:
+        ...
+
+    @abstractmethod
+    def _direct_route(self, topic: str, settings: TopicConfig) -> tuple[Any, Any] | None:
+        ...
+
+    @abstractmethod
+    def _layout_known(self, topic: str) -> bool:
+        ...
+
+    @abstractmethod
+    def _send(self, f: Flight, now: float) -> None:
+        ...
+
+    @abstractmethod
+    def _send_values(self, topic: str, values: list[tuple[bytes, bytes]], st: TopicState,
+                     settings: TopicConfig, gen: int, check_ttl: bool, now_ms: int,
+                     ttl_ms: int, producer: Any, layout: TopicLayout, now: float) -> None:
+        ...
+
+    @abstractmethod
+    def _flight(self, topic: str, mid: bytes, value: bytes, settings: TopicConfig) -> Flight:
+        ...
+
+    @abstractmethod
+    def _produce(self, f: Flight, cluster_name: str) -> bool | None:
+        ...
+
+    @abstractmethod
+    def _refused_at_once(self, f: Flight, cluster: str, exc: KafkaException) -> None:
+        ...
+
+    @abstractmethod
+    def _on_delivery(self, f: Flight, cluster: str, err: KafkaError | None, msg: Message) -> None:
+        # Runs inside poll() on this thread: just record; _handle_reports does the work.
+        ...
+
+    @abstractmethod
+    def _report_failed(self, f: Flight, cluster: str, err: KafkaError,
+                       purge: set[tuple[str, str]]) -> None:
+        ...
+
+    @abstractmethod
+    def _replace_producer(self, cluster: str, acks: str, err: KafkaError) -> None:
+        ...
+
+    @abstractmethod
+    def _failed(
+        self, f: Flight, cluster: str, error: str, *, permanent: bool, code: str = "error",
+        attempt: bool = True, operator: bool = False,
+    ) -> None:
+        ...
+
+    @abstractmethod
+    def _schedule_retry(self, f: Flight, delay: float) -> None:
+        ...
+
+    @abstractmethod
+    def _stuck(self, topic: str, code: str, cluster: str, error: str, operator: bool) -> None:
+        ...
+
+    @abstractmethod
+    def _unstuck(self, topic: str, st: TopicState) -> None:
+        ...
+
+    @abstractmethod
+    def _waiting_for_layout(self, topic: str, st: TopicState, now: float) -> None:
+        ...
+
+    @abstractmethod
+    def _discard(self, f: Flight, reason: str, detail: str, in_flight: bool = False) -> None:
+        ...
+
+    @abstractmethod
+    def _discard_corrupt(self, m: Corrupt) -> None:
+        ...
+
+    @abstractmethod
+    def _leave(self, f: Flight | None, outcome: Outcome, discard: Discard) -> None:
+        ...
+
+    @abstractmethod
+    def _flush_leaving(self) -> None:
+        ...
+
+    @abstractmethod
+    def _handle_reports(self) -> bool:
+        ...
+
+    @abstractmethod
+    def _has_reports(self) -> bool:
+        ...
+
+    @abstractmethod
+    def _client_error(self, cluster: str, err: KafkaError) -> None:
+        ...

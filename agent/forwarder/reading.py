@@ -1,0 +1,148 @@
+"""Reading the buffer in order: each topic's messages after its cursor, FIFO, as many as
+there is room in flight for; and the checks that keep a message from being sent (corrupt, an
+older generation of its topic, too large, older than its TTL), which discard it with its
+reason. Per topic, the loop reads in FIFO order after a cursor; after a restart the cursors
+start at the head again, so everything not deleted is sent again (at-least-once).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TypeGuard
+
+from agent.buffer import keys
+from agent.buffer.store import Corrupt, StoredMessage, messages
+from agent.config import TopicConfig
+from agent.forwarder.flight import Flight
+from agent.forwarder.loop_state import LoopState
+from agent.forwarder.stuck_topics import NO_PARTITIONS
+from agent.forwarder.topic_state import TopicState
+
+# Most expired messages one step discards from a topic it cannot send to (_expire_head).
+EXPIRE_PER_STEP = 2000
+# While the discard log refuses lines (disk full, or at buffer.discard_log_max_bytes), the
+# discarded messages wait in memory (and in the buffer); beyond this many, no new messages
+# are read until they can leave, so memory stays bounded. Deliveries go on meanwhile.
+MAX_HELD_DISCARDS = 20_000
+
+
+class Reading(LoopState):
+    def _read_and_send(self, now: float) -> bool:
+        lv = self._leaving
+        if len(lv.discards) - lv.logged >= MAX_HELD_DISCARDS:
+            return False  # the discard log refuses lines: hold no more (see the constant)
+        if now >= self._next_topic_scan:
+            present = self.store.topics()
+            for t in present:
+                self._topics.setdefault(t, TopicState())
+            self._present = set(present)
+            self._generations = self.store.generations()
+            self._next_topic_scan = now + 0.01
+        worked = False
+        for topic, st in self._topics.items():
+            if self.exactly_once.owns(topic):
+                continue  # sent in transactions by self.exactly_once
+            room = min(self.per_topic_cap - st.in_flight, self.max_in_flight - self._in_flight)
+            if st.recovering:
+                if st.retry or st.sending:
+                    continue
+                st.recovering = False  # everything re-sent has been acknowledged (or left)
+            if room <= 0:
+                continue
+            if st.drained_at and now - st.drained_at < 0.001:
+                continue
+            if not self._layout_known(topic):
+                # Partitions being looked up (or the cluster is unreachable): the messages
+                # wait in the buffer, but the TTL still applies to them.
+                worked |= self._expire_head(topic, st, now)
+                self._waiting_for_layout(topic, st, now)
+                continue
+            if st.waiting_since:
+                st.waiting_since = 0.0
+                if st.stuck is not None and st.stuck.error == NO_PARTITIONS:
+                    self._unstuck(topic, st)
+            values = self.store.read_values(topic, st.cursor, min(room, 2000))
+            if not values:
+                st.drained_at = now
+                continue
+            st.drained_at = 0.0
+            worked = True
+            settings = self.topic_settings(topic)
+            ttl_ms = settings.ttl_seconds * 1000
+            gen = self._generations.get(topic, 0)
+            now_ms = int(time.time() * 1000)
+            # Messages are in acceptance order: if the newest one read is older than the TTL,
+            # the check is needed per message; if the oldest one is younger, for none.
+            check_ttl = now_ms - keys.id_timestamp_ms(values[0][0]) > ttl_ms
+            max_size = settings.max_message_bytes
+            direct = self._direct_route(topic, settings)
+            if direct is not None:
+                # The common case sends from the undecoded values (no object per message).
+                self._send_values(topic, values, st, settings, gen, check_ttl, now_ms, ttl_ms,
+                                  direct[0], direct[1], now)
+                continue
+            for m in messages(topic, values):
+                st.cursor = m.id
+                if not self._sendable(m, settings, gen, max_size, check_ttl, now_ms, ttl_ms):
+                    continue
+                st.in_flight += 1
+                self._in_flight += 1
+                self._send(Flight(m, settings), now)
+                if st.recovering:
+                    break  # it is queued for a retry: the rest of the batch waits behind it
+        return worked
+
+    def _sendable(self, m: StoredMessage | Corrupt, settings: TopicConfig, gen: int,
+                  max_size: int, check_ttl: bool, now_ms: int, ttl_ms: int
+                  ) -> TypeGuard[StoredMessage]:
+        """False when ``m`` must not be sent (and was discarded, with its reason)."""
+        if isinstance(m, Corrupt):
+            self._discard_corrupt(m)
+            return False
+        if m.generation < gen:
+            self._discard(Flight(m, settings), "generation",
+                          "the topic was deleted after this message was accepted")
+            return False
+        r = m.record
+        if len(r.value) + (len(r.key) if r.key else 0) > max_size:
+            # Sources that cannot refuse at once (spool files) let these through.
+            self._discard(Flight(m, settings), "too_large",
+                          f"{r.size} bytes > max_message_bytes={settings.max_message_bytes}")
+            return False
+        if check_ttl and now_ms - m.accepted_ms > ttl_ms:
+            self._discard(Flight(m, settings), "ttl",
+                          f"older than ttl_seconds={settings.ttl_seconds}")
+            return False
+        return True
+
+    def _expire_head(self, topic: str, st: TopicState, now: float) -> bool:
+        """Discard expired messages at the head of a topic that cannot be sent right now.
+
+        Messages are in acceptance order, so the expired ones are a prefix (undecodable ones
+        in it are discarded as such). At most ``EXPIRE_PER_STEP`` a call: a long outage can
+        leave millions expired, and what is discarded is held until its batched delete."""
+        if now < st.expiry_check_at:
+            return False
+        settings = self.topic_settings(topic)
+        cutoff_ms = int(time.time() * 1000) - settings.ttl_seconds * 1000
+        worked = False
+        budget = EXPIRE_PER_STEP
+        while budget > 0:
+            want = min(1000, budget)
+            batch = self.store.read(topic, st.cursor, want)
+            for m in batch:
+                if isinstance(m, Corrupt):
+                    self._discard_corrupt(m)
+                elif m.accepted_ms < cutoff_ms:
+                    self._discard(Flight(m, settings), "ttl",
+                                  f"older than ttl_seconds={settings.ttl_seconds}")
+                else:
+                    st.expiry_check_at = now + 1.0  # the head is young enough: look again later
+                    return worked
+                st.cursor = m.id
+                worked = True
+                budget -= 1
+            if len(batch) < want:
+                st.expiry_check_at = now + 1.0  # all of the topic expired and discarded
+                return worked
+        return worked  # more may have expired: the next step goes on, after the delete

@@ -1,0 +1,138 @@
+"""What a failed send becomes: a discard when Kafka's verdict is final (failures.py says which
+errors are), a send to the other cluster for a fallback topic, or a retry with exponential
+backoff, re-sent in message-id order behind nothing newer of its topic.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+
+from confluent_kafka import KafkaError
+
+from agent.buffer import keys
+from agent.forwarder import failures
+from agent.forwarder.flight import LOCAL, REMOTE, Flight
+from agent.forwarder.loop_state import LoopState, log
+from agent.forwarder.topic_state import TopicState
+
+# Errors after which an idempotent producer is rebuilt (at most every REPLACE_INTERVAL s).
+STALE_PRODUCER = {
+    KafkaError.UNKNOWN_PRODUCER_ID,
+    KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+    KafkaError.INVALID_PRODUCER_EPOCH,
+    KafkaError._MSG_TIMED_OUT,
+}
+REPLACE_INTERVAL = 5.0
+
+
+class Retries(LoopState):
+    def _report_failed(self, f: Flight, cluster: str, err: KafkaError,
+                       purge: set[tuple[str, str]]) -> None:
+        """A delivery report said ``f``'s send to ``cluster`` failed."""
+        code = err.code()
+        if err.fatal() or (f.settings.acks == "all" and code in STALE_PRODUCER):
+            # An idempotent producer whose id the cluster forgot (e.g. a cluster rebuilt
+            # from scratch) never recovers by itself: start a fresh one.
+            self._replace_producer(cluster, f.settings.acks, err)
+        if failures.answered(code):
+            self.clusters[cluster].health.answered()  # the cluster is up, the message is not
+        permanent = failures.discards(code)
+        if not permanent and code != KafkaError._PURGE_QUEUE:
+            purge.add((cluster, f.settings.acks))
+        self._failed(f, cluster, err.str() or err.name(), permanent=permanent,
+                     code=err.name(), attempt=code != KafkaError._PURGE_QUEUE,
+                     operator=failures.needs_operator(code))
+
+    def _replace_producer(self, cluster: str, acks: str, err: KafkaError) -> None:
+        now = time.monotonic()
+        if now - self._replaced.get((cluster, acks), 0.0) < REPLACE_INTERVAL and not err.fatal():
+            return
+        self._replaced[(cluster, acks)] = now
+        log.warning("recreating the %s acks=%s producer after %s", cluster, acks, err.str())
+        self.clusters[cluster].replace_producer(acks)
+
+    def _failed(
+        self, f: Flight, cluster: str, error: str, *, permanent: bool, code: str = "error",
+        attempt: bool = True, operator: bool = False,
+    ) -> None:
+        """A send of ``f`` failed: discard it (permanent), or try the other cluster, or
+        schedule a retry. ``attempt`` False: Ferry itself withdrew the send (a purge), which
+        does not count against ``max_attempts``."""
+        f.last_error = error
+        self.registry.inc("delivery_failures", topic=f.msg.topic, cluster=cluster, error=code)
+        self.registry.sample("error", code, {"topic": f.msg.topic, "cluster": cluster,
+                                             "id": keys.id_text(f.msg.id), "detail": error})
+        if f.pending > 0:
+            # The other cluster may still acknowledge it: its answer decides, even when this
+            # one refused the message for good (e.g. the remote cluster's ACLs differ).
+            return
+        if permanent:
+            self._discard(f, "invalid", f"{cluster}: {error}", in_flight=True)
+            return
+        remote = self.clusters.get(REMOTE)
+        # Hermes' fallback: the local send failed, try the remote datacenter at once.
+        if (cluster == LOCAL and f.settings.fallback_to_remote and remote is not None
+                and not f.sent_remote and self._produce(f, REMOTE) is not None):
+            return  # sent; or refused at once, and already handled as the remote's failure
+        if attempt:
+            f.attempts += 1
+        if attempt and f.settings.max_attempts and f.attempts >= f.settings.max_attempts:
+            self._discard(f, "attempts", f"{f.attempts} attempts, last error: {error}",
+                          in_flight=True)
+            return
+        if attempt:
+            self._stuck(f.msg.topic, code, cluster, error, operator)
+        delay = min(self.backoff_initial * (2 ** min(max(f.attempts - 1, 0), 16)),
+                    self.backoff_max)
+        self._schedule_retry(f, delay)
+
+    def _schedule_retry(self, f: Flight, delay: float) -> None:
+        """Queue ``f`` to be sent again after ``delay``, behind nothing newer of its topic.
+
+        Retries are kept per topic and re-sent in message-id order, and the topic reads no new
+        messages until every retry has been re-sent and every send of the topic has reported:
+        otherwise messages accepted later could overtake the failed ones once the cluster is
+        back, breaking per-key order within a cluster. Waiting for the re-sent ones to report,
+        not just to be re-sent, matters when the network returns just as they time out again:
+        librdkafka fails timed-out messages up to a second late, and a newer message queued
+        behind them could already be on the wire by then, where no purge can reach it."""
+        st = self._topics.setdefault(f.msg.topic, TopicState())
+        st.recovering = True
+        bisect.insort(st.retry, f, key=lambda x: x.msg.id)
+        st.retry_at = max(st.retry_at, time.monotonic() + delay)
+        self._retry_topics.add(f.msg.topic)
+
+    def _due_retries(self, now: float) -> bool:
+        worked = False
+        now_ms = int(time.time() * 1000)
+        for topic in list(self._retry_topics):
+            st = self._topics[topic]
+            if st.retry_at > now or st.sending > 0:
+                continue  # wait until every earlier send of the topic has reported
+            due, st.retry = st.retry, []
+            st.retry_at = 0.0
+            self._retry_topics.discard(topic)
+            gen = self._generations.get(topic, 0)
+            for i, f in enumerate(due):
+                if f.done:
+                    continue
+                worked = True
+                if f.msg.generation < gen:
+                    self._discard(f, "generation", "the topic was deleted after this message "
+                                  f"was accepted; last error: {f.last_error}", in_flight=True)
+                    continue
+                if now_ms - f.msg.accepted_ms > f.settings.ttl_seconds * 1000:
+                    self._discard(f, "ttl", f"older than ttl_seconds={f.settings.ttl_seconds};"
+                                  f" last error: {f.last_error}", in_flight=True)
+                    continue
+                f.sent_remote = False
+                self._send(f, now)
+                if st.retry:
+                    # It could not be sent (producer queue full, refused for now) and is queued
+                    # again: the ones behind it wait too, or they would overtake it.
+                    for g in due[i + 1:]:
+                        if not g.done:
+                            bisect.insort(st.retry, g, key=lambda x: x.msg.id)
+                    break
+        return worked

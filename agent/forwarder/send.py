@@ -1,0 +1,195 @@
+"""The send path: building a message and handing it to a producer.
+
+The common case sends from the stored value without decoding it (plain.py): the header is
+read and the producer gets slices of the value.
+
+produce() is called positionally in the hot loops, in the order of confluent-kafka's C
+implementation (topic, value, key, partition, callback, on_delivery, timestamp, headers),
+which is not its documented (keyword) signature: keywords cost about 40% more per call
+(bench/bench_produce_call.py). tests/forwarder/test_produce_arguments.py proves the order
+on the installed version, and pyproject.toml bounds confluent-kafka to what it proved.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+
+from agent.buffer import codec
+from agent.buffer.store import Corrupt, StoredMessage, message
+from agent.config import TopicConfig
+from agent.forwarder import failures
+from agent.forwarder.flight import LOCAL, Flight, value_report
+from agent.forwarder.loop_state import LoopState
+from agent.forwarder.partitioner import UNASSIGNED, TopicLayout, choose
+from agent.forwarder.plain import NOT_PLAIN, plain_values
+from agent.forwarder.topic_state import TopicState
+
+
+class Sending(LoopState):
+    def _send_values(self, topic: str, values: list[tuple[bytes, bytes]], st: TopicState,
+                     settings: TopicConfig, gen: int, check_ttl: bool, now_ms: int,
+                     ttl_ms: int, producer: Any, layout: TopicLayout, now: float) -> None:
+        """The common case, kept tight (it runs once per message): one local cluster, the
+        topic's partitions known. Plain messages (``plain_values``) go to the producer as
+        slices of their stored value: no Record, StoredMessage or Flight per message (a
+        Flight is made only for a send that fails). Anything else goes through
+        ``_send_one``, with the same rules as ``_send``."""
+        produce = producer.produce
+        sink = st.sink
+        has_pk, hash_key = codec.HAS_PARTITION_KEY, codec.HASH_KEY
+        round_robin = layout.round_robin
+        for_partition_key = layout.for_partition_key
+        parts = layout.partitions
+        n = len(parts)
+        inline = layout.all_available()
+        rr = layout.position
+        sent = 0
+        mid = b""
+        for mid, v, flags, ts, pk, key, value in plain_values(values, gen, check_ttl,
+                                                              settings.max_message_bytes):
+            if flags == NOT_PLAIN:
+                if self._send_one(message(topic, mid, v), st, settings, gen, check_ttl,
+                                  now_ms, ttl_ms, produce, layout, now):
+                    break  # queued for a retry: the rest of the batch waits behind it
+                continue
+            if flags & has_pk:
+                # Bruce's rule (partitioner.py), inline while every partition has a leader.
+                partition = parts[(pk & 0xFFFFFFFF) % n] if inline else for_partition_key(pk)
+            elif flags & hash_key:
+                partition = -1
+            elif inline:
+                rr = (rr + 1) % n
+                partition = parts[rr]
+            else:
+                partition = round_robin()
+            try:
+                # Positional (topic, value, key, partition, callback, on_delivery, timestamp):
+                # see the module's docstring.
+                produce(topic, value, key, partition, partial(value_report, sink, mid, v, now),
+                        None, ts)
+            except BufferError:
+                # The producer's queue is full. This one waits for a retry, and so does the
+                # rest of the batch (read again from here later): a later message of the same
+                # key must not go out first.
+                f = self._flight(topic, mid, v, settings)
+                st.in_flight += 1
+                self._in_flight += 1
+                self._schedule_retry(f, 0.05)
+                break
+            except KafkaException as exc:
+                f = self._flight(topic, mid, v, settings)
+                st.in_flight += 1
+                self._in_flight += 1
+                self._refused_at_once(f, LOCAL, exc)
+                if st.recovering:
+                    break  # refused for now and queued for a retry: as above
+                continue
+            sent += 1
+        # Past the last message looked at (sent, discarded, or queued for a retry): set once
+        # per batch, nothing in the loop reads it.
+        st.cursor = mid
+        if inline:
+            layout.position = rr
+        st.in_flight += sent
+        self._in_flight += sent
+        st.sending += sent
+
+    def _flight(self, topic: str, mid: bytes, value: bytes, settings: TopicConfig) -> Flight:
+        """The Flight of a common-path message that needs one (its send failed): decoded
+        again from its stored value, which decoded when it was sent."""
+        m = message(topic, mid, value)
+        assert isinstance(m, StoredMessage)
+        f = Flight(m, settings)
+        f.sink = self._reports
+        return f
+
+    def _send_one(self, m: StoredMessage | Corrupt, st: TopicState, settings: TopicConfig,
+                  gen: int, check_ttl: bool, now_ms: int, ttl_ms: int, produce: Any,
+                  layout: TopicLayout, now: float) -> bool:
+        """A message of the common path that needs the general checks, sent with a Flight.
+        True when the rest of its batch must wait (it is queued for a retry)."""
+        if not self._sendable(m, settings, gen, settings.max_message_bytes, check_ttl, now_ms,
+                              ttl_ms):
+            return False
+        r = m.record
+        f = Flight(m, settings)
+        f.sink = self._reports
+        pk = r.partition_key
+        if pk is not None:
+            partition = layout.for_partition_key(pk)
+        elif r.hash_key:
+            partition = -1
+        else:
+            partition = layout.round_robin()
+        st.in_flight += 1
+        self._in_flight += 1
+        try:
+            produce(r.topic, r.value, r.key, partition=partition, timestamp=r.timestamp_ms,
+                    headers=list(r.headers) if r.headers else None, on_delivery=f)
+        except BufferError:
+            self._schedule_retry(f, 0.05)  # the producer's queue is full: see _send_values
+            return True
+        except KafkaException as exc:
+            self._refused_at_once(f, LOCAL, exc)
+            return st.recovering
+        f.sent_local_at = now
+        f.pending = 1
+        st.sending += 1
+        return False
+
+    def _produce(self, f: Flight, cluster_name: str) -> bool | None:
+        """Hand ``f`` to a cluster's producer.
+
+        True: sent. None: cannot be sent right now (partitions not known yet, producer queue
+        full); nothing was done and the caller decides when to try again. False: refused and
+        already handled as a failure."""
+        cluster = self.clusters[cluster_name]
+        r = f.msg.record
+        layout = cluster.layout(r.topic)
+        if layout is None and not cluster.known_missing(r.topic):
+            return None  # partitions not known yet: a PartitionKey message must not guess
+        partition = choose(layout, r.partition_key, r.hash_key)
+        producer = cluster.producer(f.settings.acks)
+        try:
+            producer.produce(
+                r.topic,
+                value=r.value,
+                key=r.key,
+                partition=partition if partition != UNASSIGNED else -1,
+                timestamp=r.timestamp_ms,
+                headers=list(r.headers) if r.headers else None,
+                on_delivery=partial(self._on_delivery, f, cluster_name),
+            )
+        except BufferError:
+            return None
+        except KafkaException as exc:
+            self._refused_at_once(f, cluster_name, exc)
+            return False
+        if cluster_name == LOCAL:
+            f.sent_local_at = time.monotonic()
+        else:
+            f.sent_remote = True
+            f.sent_remote_at = time.monotonic()
+        f.pending += 1
+        self._topics.setdefault(r.topic, TopicState()).sending += 1
+        return True
+
+    def _refused_at_once(self, f: Flight, cluster: str, exc: KafkaException) -> None:
+        """produce() refused the message itself (e.g. larger than the producer allows).
+
+        Only Kafka's own verdicts can discard a message; anything else raised here would be
+        a bug in Ferry, which must cost a retry, never a message."""
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        code = err.code() if err is not None else None
+        if err is not None and (err.fatal() or code == KafkaError._FATAL):
+            # A producer in librdkafka's fatal state refuses every produce() this way, and no
+            # delivery report will come to say so: start a fresh one.
+            self._replace_producer(cluster, f.settings.acks, err)
+        self._failed(f, cluster, str(exc),
+                     permanent=code is not None and failures.discards(code),
+                     code=err.name() if err is not None else "error",
+                     operator=code is not None and failures.needs_operator(code))
