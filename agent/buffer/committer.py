@@ -17,13 +17,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from agent.buffer.store import (
-    BufferFull,
-    BufferUnavailable,
-    EncodedGroup,
-    StateChange,
-    Store,
-)
+from agent.buffer.appender import EncodedGroup
+from agent.buffer.refusals import BufferFull, BufferUnavailable
+from agent.buffer.state import StateChange
+from agent.buffer.store import Store
 from agent.metrics import REGISTRY, Registry
 from agent.records import Record, Source
 

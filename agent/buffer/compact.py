@@ -11,10 +11,10 @@ a sorted-duplicates database with fixed-size values and more ids than fit in one
 Renaming a file that another process has mapped would leave that process writing to the old,
 unlinked file: acknowledged messages would be lost. So every ``Store`` holds a shared
 ``flock`` on ``usage.lock`` in the buffer directory for as long as it is open (the agent's
-two processes, ``ferry buffer`` commands), and compaction takes it exclusively for its whole
-run: it refuses while anything has the buffer open, and an agent started meanwhile refuses to
-open the buffer until compaction is done. ``flock`` locks belong to the open file, not the
-process, so they do not disturb the ``fcntl`` locks LMDB keeps on ``lock.mdb``.
+two processes, ``ferry buffer`` commands: usage_lock.py), and compaction takes it
+exclusively for its whole run: it refuses while anything has the buffer open, and an agent
+started meanwhile refuses to open the buffer until compaction is done. The databases it
+copies are named in layout.py, which the store reads too: neither imports the other.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from pathlib import Path
 
 import lmdb
 
-USAGE_LOCK = "usage.lock"
+from agent.buffer.layout import DATABASES, LAYOUT_1_MESSAGES, MAX_DBS
+from agent.buffer.usage_lock import BufferBusy, open_lock_file
+
+__all__ = ["BufferBusy", "Compacted", "compact"]
+
 _CHUNK = 50_000  # entries copied per transaction
-
-
-class BufferBusy(Exception):
-    """The buffer is in use by another process (or being compacted)."""
 
 
 @dataclass(frozen=True)
@@ -43,29 +43,13 @@ class Compacted:
     after_bytes: int
 
 
-def hold_shared(directory: Path) -> int:
-    """Take the shared usage lock of a buffer directory; returns the descriptor to close.
-    Raises BufferBusy while ``ferry buffer compact`` runs."""
-    fd = os.open(directory / USAGE_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise BufferBusy(f"the buffer {directory} is being compacted (ferry buffer compact); "
-                         "start the agent when it is done") from None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
 def compact(directory: Path) -> Compacted:
     """Rewrite ``directory/data.mdb`` without its free pages. Raises BufferBusy when another
     process has the buffer open, OSError (ENOSPC) when the disk cannot hold the copy."""
     data = directory / "data.mdb"
     if not data.exists():
         raise FileNotFoundError(f"no buffer at {directory}")
-    fd = os.open(directory / USAGE_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    fd = open_lock_file(directory)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -80,8 +64,6 @@ def compact(directory: Path) -> Compacted:
 
 def _copy_and_replace(directory: Path, data: Path) -> Compacted:
     before = data.stat().st_size
-    from agent.buffer.store import MAX_DBS
-
     work = directory / f".compact-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
@@ -123,9 +105,7 @@ def _copy_and_replace(directory: Path, data: Path) -> Compacted:
 def _copy_databases(src: lmdb.Environment, dst: lmdb.Environment) -> None:
     """Every named database of ``src`` into ``dst``, in key order, ``_CHUNK`` entries a
     transaction. A layout-1 ``messages`` database is copied too (the next start migrates)."""
-    from agent.buffer.store import DATABASES  # not at the top: store.py imports this module
-
-    names = {**DATABASES, b"messages": {}}
+    names = {**DATABASES, LAYOUT_1_MESSAGES: {}}
     for name, flags in names.items():
         try:
             sdb = src.open_db(name, create=False, **flags)

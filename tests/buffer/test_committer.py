@@ -305,7 +305,7 @@ def test_a_group_the_map_cannot_take_is_refused_before_anything_is_written(
     tmp_path: Path, registry: Registry
 ) -> None:
     # 70 x 1 MB cannot fit the map even at its cap (1 MB + 64 MB headroom): the room check
-    # (store._fit_on_disk) refuses that group up front; the small one behind it is stored.
+    # (Capacity.fit_on_disk) refuses that group up front; the small one behind it is stored.
     with Store(tmp_path / "b", MB, initial_map_bytes=4 * MB) as s:
         s.max_bytes = 1 << 40  # let the groups past the max_bytes estimate, to the map's cap
         committer = Committer(s, registry=registry, max_pending_bytes=256 * MB)
@@ -330,7 +330,7 @@ def test_a_transaction_the_disk_cannot_take_refuses_every_group_in_it(
     # every group in it is refused -- none is half-stored.
     with Store(tmp_path / "b", MB, initial_map_bytes=4 * MB) as s:
         s.max_bytes = 1 << 40  # let the groups past the max_bytes estimate, to the map's cap
-        monkeypatch.setattr(s, "_fit_on_disk", lambda txn, need, room: (1 << 62, None))
+        monkeypatch.setattr(s.capacity, "fit_on_disk", lambda txn, need, room: (1 << 62, None))
         committer = Committer(s, registry=registry, max_pending_bytes=256 * MB)
         results = Results()
         committer.submit([Record("t", b"x" * MB) for _ in range(70)], "http",

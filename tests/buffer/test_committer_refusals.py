@@ -83,7 +83,7 @@ def test_a_disk_full_refusal_is_counted_and_logged_as_such(
     def no_room(txn: object, need: int, room: int | None) -> tuple[int, BufferFull | None]:
         return 0, DiskFull("disk full under somewhere: 1 bytes do not fit in the 0 left")
 
-    monkeypatch.setattr(store, "_fit_on_disk", no_room)
+    monkeypatch.setattr(store.capacity, "fit_on_disk", no_room)
     committer = Committer(store, registry=registry)
     committer.start()
     try:

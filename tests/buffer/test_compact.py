@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.buffer.compact import USAGE_LOCK, BufferBusy, compact
+from agent.buffer.compact import BufferBusy, compact
 from agent.buffer.store import Corrupt, Store
+from agent.buffer.usage_lock import USAGE_LOCK
 from agent.records import Record
 from tests.agent_harness import AgentProcess, write_config
 from tests.test_cli import ferry

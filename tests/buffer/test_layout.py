@@ -117,8 +117,9 @@ def test_a_migration_killed_midway_goes_on_at_the_next_open(tmp_path: Path) -> N
     path = tmp_path / "buffer"
     sent = legacy_buffer(path, 10_000, ("x", "y"))
     child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import agent.buffer.migration as m
         import agent.buffer.store as s
-        s._MIGRATE_BATCH = 10
+        m.MIGRATE_BATCH = 10
         s.Store(__import__("pathlib").Path({str(path)!r}), {MAX})
         """)], cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     try:

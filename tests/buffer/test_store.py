@@ -82,7 +82,7 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock(1_700_000_000.0)
-    monkeypatch.setattr("agent.buffer.store.time", types.SimpleNamespace(time=fake.time))
+    monkeypatch.setattr("agent.buffer.clock.time", types.SimpleNamespace(time=fake.time))
     return fake
 
 
@@ -612,7 +612,7 @@ def _child_reads_and_hangs(path: str, conn: Connection) -> None:
     # A forwarder killed (SIGKILL) in the middle of Store.read: its read transaction's
     # reader slot outlives it.
     s = Store(Path(path), MB, initial_map_bytes=MB)
-    txn = s._env.begin()  # noqa: SLF001 - the open read transaction is the point
+    txn = s._env.lmdb.begin()  # noqa: SLF001 - the open read transaction is the point
     conn.send(txn.id())
     time.sleep(600)  # killed long before; bounded in case the test dies first
 
@@ -727,7 +727,7 @@ def test_encoded_group_state_change_applies_with_it(store: Store) -> None:
 def overwrite(store: Store, key: bytes, value: bytes) -> None:
     """Damage a stored value in place (what a bad disk or a foreign writer could do)."""
     # Records are stored by id, the last 12 bytes of a message's handle.
-    with store._env.begin(write=True, db=store._records) as txn:  # noqa: SLF001
+    with store._env.lmdb.begin(write=True, db=store._env.records) as txn:  # noqa: SLF001
         assert txn.replace(key[-12:], value) is not None
 
 

@@ -116,8 +116,9 @@ def test_the_sequence_wraps_into_the_next_millisecond(
     store.append_encoded([run([rec("t", b"0")])])
     ms = int(clock.now * 1000)
     # Put the id counter just below the end of the sequence range.
-    with store._txn(write=True) as txn:  # noqa: SLF001 - set up an edge the clock cannot
-        txn.put(b"last_id", keys.ID.pack(ms, 0xFFFFFFFE), db=store._meta)  # noqa: SLF001
+    env = store._env  # noqa: SLF001 - set up an edge the clock cannot
+    with env.txn(write=True) as txn:
+        txn.put(b"last_id", keys.ID.pack(ms, 0xFFFFFFFE), db=env.meta)
     later = run([rec("t", b"%d" % i) for i in range(1, 5)])
     if through == "append":
         (given,) = store.append([EncodedGroup([later])])
