@@ -21,6 +21,7 @@ from agent.buffer.appender import EncodedGroup
 from agent.buffer.refusals import BufferFull, BufferUnavailable
 from agent.buffer.state import StateChange
 from agent.buffer.store import Store
+from agent.buffer.weight import records_weight, runs_weight
 from agent.metrics import REGISTRY, Registry
 from agent.records import Record, Source
 
@@ -164,9 +165,8 @@ class Committer:
         When the queue is over ``max_pending_bytes`` this waits (``block=True``, for sources
         whose senders should feel back-pressure) or returns False at once.
         """
-        weight = sum(r.size for r in records) + 64 * len(records)
-        sub = _Submission(records, source, callback, state_puts, state_deletes, weight,
-                          state_from_ids)
+        sub = _Submission(records, source, callback, state_puts, state_deletes,
+                          records_weight(records), state_from_ids)
         return self._enqueue(sub, block)
 
     def submit_groups(
@@ -193,9 +193,7 @@ class Committer:
         subs = []
         total = 0
         for i, (records, derive) in enumerate(groups):
-            # What Record.size adds up, without a property call per record (big batches).
-            weight = sum([len(r.value) + len(r.key) if r.key else len(r.value)
-                          for r in records]) + 64 * len(records)
+            weight = records_weight(records)
             total += weight
             subs.append(_Submission(records, source, functools.partial(collect, i), None, (),
                                     weight, derive))
@@ -217,9 +215,8 @@ class Committer:
         For the datagram socket, whose thread encodes while this one commits. Waits, as
         ``submit(block=True)`` does, while the queue is over ``max_pending_bytes``.
         """
-        weight = sum([sum(map(len, values)) + 64 * len(values)
-                      for _, values, _ in group.runs])
-        self._enqueue(_Submission(group, source, callback, None, (), weight), block=True)
+        self._enqueue(_Submission(group, source, callback, None, (), runs_weight(group.runs)),
+                      block=True)
 
     def _enqueue(self, sub: _Submission, block: bool) -> bool:
         with self._cond:
