@@ -4,13 +4,13 @@ Used by the agent's spool intake and by the Spark writer on executors, so nothin
 import from ``agent``. The format is specified in ``docs/spool.md`` and ``spool.format``.
 """
 
+from ferry_client.topic_names import is_legal_topic
 from spool.format import (
     EXTENSION,
     Headers,
     SpoolFormatError,
     SpoolRecord,
     check_topic,
-    is_legal_topic,
 )
 from spool.reader import (
     BinarySpoolReader,

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO, NamedTuple
 
+from ferry_client.topic_names import is_legal_topic
 from spool.format import (
     BLOCK_HEADER,
     EXTENSION,
@@ -48,7 +49,6 @@ from spool.format import (
     check_record_shape,
     decode_headers,
     decode_topic,
-    is_legal_topic,
 )
 
 # Subdirectories of a spool directory the agent owns; never topics, never listed.

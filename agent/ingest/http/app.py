@@ -26,14 +26,13 @@ from agent.ingest.http.management import TopicsApi, json_error, json_response
 from agent.ingest.http.openapi import openapi_document
 from agent.ingest.http.publish import Publisher
 from agent.ingest.http.ratelimit import retry_after_header
+from agent.ingest.http.routing import publish_target
 from agent.metrics import Registry
 from agent.runtime import Phase, Runtime
 from agent.topics import TopicCatalog
 
 log = logging.getLogger(__name__)
 
-_PREFIX = "/topics/"
-_BATCH = "/batch"
 
 
 class FerryApp:
@@ -65,17 +64,10 @@ class FerryApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            path: str = scope["path"]
-            if path.startswith(_PREFIX):
-                rest = path[len(_PREFIX):]
-                slash = rest.find("/")
-                if slash < 0:
-                    if rest:
-                        await self.publisher(scope, receive, send, rest, False)
-                        return
-                elif slash > 0 and rest[slash:] == _BATCH:
-                    await self.publisher(scope, receive, send, rest[:slash], True)
-                    return
+            target = publish_target(scope["path"])
+            if target is not None:
+                await self.publisher(scope, receive, send, *target)
+                return
         await self.framework(scope, receive, send)
 
     def in_flight(self) -> int:
@@ -154,8 +146,7 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     status = exc.status_code
     headers = dict(exc.headers or {})
     path = request.url.path
-    publish_path = _publish_path(path)
-    if publish_path:
+    if publish_target(path) is not None:
         # POST is served before Starlette's router (the publish path), so the router does
         # not know it; it belongs in Allow all the same.
         allow = [m.strip() for m in headers.get("Allow", "").split(",") if m.strip()]
@@ -166,14 +157,6 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
                405: f"{request.method} is not allowed on {path}"}
     return json_error(status, codes.get(status, "http_error"),
                       message.get(status, str(exc.detail)), headers)
-
-
-def _publish_path(path: str) -> bool:
-    """``/topics/{topic}`` or ``/topics/{topic}/batch``: a path POST publishes to."""
-    if not path.startswith(_PREFIX):
-        return False
-    parts = path[len(_PREFIX):].split("/")
-    return bool(parts[0]) and (len(parts) == 1 or (len(parts) == 2 and parts[1] == "batch"))
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:

@@ -52,6 +52,7 @@ import httptools
 
 from agent.ingest.http.errors import HttpError
 from agent.ingest.http.publish import Reply
+from agent.ingest.http.routing import PREFIX, publish_target
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +72,7 @@ MAX_QUEUED = 32  # pipelined requests parsed ahead of their answer before readin
 # one connection (issue #29 C). A connection holds at most this, the request being answered,
 # the one being parsed and one read.
 MAX_QUEUED_BYTES = 4 * 1024 * 1024
-_TOPICS = b"/topics/"
-_BATCH = b"batch"
+_TOPICS = PREFIX.encode()
 _STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode())
                  for s in http.HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -597,21 +597,17 @@ class HttpProtocol(asyncio.Protocol):
             return
         path = url.split(b"?", 1)[0].split(b"#", 1)[0]
         rest = path[len(_TOPICS):]
-        segments = rest.split(b"/")
         if b"%" in rest and b"%2f" in rest.lower():
             raise _Fatal(HttpError(400, "invalid_topic",
                                    "a topic name cannot hold a slash, encoded (%2F) or not",
                                    reason="invalid_topic", close=True))
-        if request.method != b"POST" or not segments[0]:
+        if request.method != b"POST":
             return
-        if len(segments) == 2 and segments[1] == _BATCH:
-            batch = True
-        elif len(segments) == 1:
-            batch = False
-        else:
+        target = publish_target(path.decode("latin-1"))
+        if target is None:
             return
-        raw = segments[0]
-        topic = _unquote(raw) if b"%" in raw else raw.decode("latin-1")
+        raw, batch = target
+        topic = _unquote(raw.encode("latin-1")) if "%" in raw else raw
         request.topic, request.batch, request.publish = topic, batch, True
         # Read up to the batch limit; the topic's own limit is looked up only for a body
         # over it (rare), and Publisher.direct checks it exactly in any case.
