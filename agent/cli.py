@@ -117,7 +117,8 @@ def _parser() -> argparse.ArgumentParser:
     topics.set_defaults(func=_topics)
 
     replay = _command(sub.add_parser, "replay",
-                      "put messages from a discard log back in the buffer")
+                      "put messages from a discard log back in the buffer, each once: lines "
+                      "already put back (by an earlier run) are skipped")
     replay.add_argument("file", type=Path)
     replay.add_argument("--config", type=Path)
     replay.set_defaults(func=_replay)
@@ -196,11 +197,11 @@ def _summary(config: FerryConfig) -> str:
 # -- send ----------------------------------------------------------------------------------
 def _send(args: argparse.Namespace) -> int:
     # The application client (stdlib only): what `ferry send` does, any program can do.
-    from ferry_client import FerryClient, is_legal_topic
+    from ferry_client import FerryClient
+    from ferry_client.topic_names import illegal_topic, is_legal_topic
 
     if not is_legal_topic(args.topic):
-        print(f"ferry send: {args.topic!r} is not a legal Kafka topic name "
-              "([A-Za-z0-9._-], 1 to 249 characters)", file=sys.stderr)
+        print(f"ferry send: {illegal_topic(args.topic)}", file=sys.stderr)
         return 1
     path = args.socket_path
     if path is None:
@@ -378,51 +379,9 @@ def _topics(args: argparse.Namespace) -> int:
 
 # -- replay --------------------------------------------------------------------------------
 def _replay(args: argparse.Namespace) -> int:
-    from agent.buffer.store import BufferFull, Store
-    from agent.forwarder.discard_log import ReplayError, read_discards
-    from agent.records import REPLAYED, Record
+    from agent.replay import replay
 
-    config = _config(args)
-    total = 0
-
-    def put(store: Store, batch: list[Record]) -> int:
-        # The running totals the daemon counts as messages_accepted{source="replay"},
-        # committed with the messages.
-        added: dict[str, int] = {}
-        for r in batch:
-            added[r.topic] = added.get(r.topic, 0) + 1
-        totals = {}
-        for topic, n in added.items():
-            key = REPLAYED + topic.encode()
-            totals[key] = str(int(store.get_state(key) or b"0") + n).encode()
-        (result,) = store.append([batch], state_puts=totals)
-        if isinstance(result, BufferFull):
-            raise result
-        return len(batch)
-
-    try:
-        # Check the whole file first, so a bad line puts nothing back (all or nothing).
-        lines = sum(1 for _ in read_discards(args.file))
-    except (ReplayError, OSError) as exc:
-        print(f"ferry replay: {exc}; nothing was put back", file=sys.stderr)
-        return 1
-    try:
-        with Store(config.buffer.path, config.buffer.max_bytes,
-                   reserve_bytes=config.buffer.reserve_bytes) as store:
-            batch: list[Record] = []
-            for _, record in read_discards(args.file):
-                batch.append(record)
-                if len(batch) >= 5000:
-                    total += put(store, batch)
-                    batch = []
-            if batch:
-                total += put(store, batch)
-    except (ReplayError, BufferFull, OSError) as exc:
-        print(f"ferry replay: {exc} ({total} messages were put back before it)",
-              file=sys.stderr)
-        return 1
-    print(f"replayed {total} messages from {args.file} ({lines} lines)")
-    return 0
+    return replay(_config(args), args.file)
 
 
 def _config(args: argparse.Namespace) -> FerryConfig:
