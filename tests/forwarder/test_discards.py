@@ -10,7 +10,9 @@ from pathlib import Path
 from agent.buffer.store import Store, StoredMessage
 from agent.config import load_config
 from agent.daemon import Agent
+from agent.forwarder.discard_log import Discard, DiscardLog
 from agent.metrics import Registry
+from agent.records import Record
 from ferry_client import FerryClient
 from tests.agent_harness import REPO_ROOT, write_config
 from tests.kafka import Broker, consume_all, read_topic
@@ -57,6 +59,33 @@ def test_ttl_expiry_goes_to_the_discard_log_and_replay_delivers_it(
         wait_until(lambda: agent.registry.view().total(
             "messages_accepted", source="replay", topic=unique_topic) == 5,
             timeout=10, message="the replayed messages counted")
+
+        # The same file again puts nothing back and counts nothing; one more message,
+        # replayed from another file, is the point at which to look: counted 6, not 11.
+        again = subprocess.run(
+            [sys.executable, "-m", "agent.cli", "replay", str(config.discard_log_path),
+             "--config", str(cfg_path)], cwd=REPO_ROOT, capture_output=True, text=True,
+            timeout=60)
+        assert again.returncode == 0, again.stderr
+        assert "replayed 0 messages" in again.stdout
+        assert "5 already replayed before, skipped" in again.stdout
+        one_more = tmp_path / "one-more.jsonl"
+        DiscardLog(one_more).write([Discard("ttl", unique_topic, "00" * 12, 1, Record(
+            unique_topic, b"new", key=b"k9", partition_key=0))])
+        assert subprocess.run(
+            [sys.executable, "-m", "agent.cli", "replay", str(one_more), "--config",
+             str(cfg_path)], cwd=REPO_ROOT, capture_output=True, timeout=60).returncode == 0
+        wait_until(lambda: agent.registry.view().total(
+            "messages_accepted", source="replay", topic=unique_topic) >= 6,
+            timeout=10, message="the last replayed message counted")
+        assert agent.registry.view().total(
+            "messages_accepted", source="replay", topic=unique_topic) == 6
+        wait_until(lambda: len(consume_all(broker.bootstrap, unique_topic, 6, timeout=5)) == 6,
+                   timeout=30, message="the last replayed message delivered")
+        wait_until(lambda: not agent.store.topic_stats(), timeout=30,
+                   message="the buffer drained")
+        assert sorted(m.value for m in read_topic(broker.bootstrap, unique_topic)) == sorted(
+            [b"old-%d" % i for i in range(5)] + [b"new"])
     finally:
         agent.stop()
 
