@@ -172,7 +172,8 @@ def replay(config: FerryConfig, path: Path, clock: Callable[[], float] = time.ti
             if batch:
                 total += _put(store, batch, puts, day)
     except (ReplayError, BufferFull, OSError) as exc:
-        when = "once there is room" if isinstance(exc, BufferFull) else "when fixed"
+        when = ("once there is room" if isinstance(exc, BufferFull)
+                else "once it is done" if isinstance(exc, _Busy) else "once that is fixed")
         print(f"ferry replay: {exc} ({total} messages were put back before it; run it again "
               f"{when}: what was put back is skipped)", file=sys.stderr)
         return 1
@@ -222,7 +223,7 @@ class _ReplayLock:
         self.fd = -1
 
     def __enter__(self) -> _ReplayLock:
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o640)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -294,7 +294,7 @@ def test_two_replays_at_once_are_refused(
     with _ReplayLock(config.buffer.path / "replay.lock"):
         code, out = replay(cfg, log, capsys)
     assert code == 1
-    assert "another `ferry replay` is running" in out
+    assert "another `ferry replay` is running" in out and "run it again once it is done" in out
     assert buffered(cfg) == []
     assert replay(cfg, log, capsys)[0] == 0
     assert buffered(cfg) == [b"a"]
