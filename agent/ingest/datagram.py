@@ -26,6 +26,17 @@ from collections.abc import Callable, Mapping
 from struct import Struct
 
 from agent.buffer.codec import encode_value
+
+# The words of agent/reasons.py a datagram is rejected for, re-exported (the socket server
+# and the tests name them through this module); bound as module globals, not read as
+# reasons.X, as parse() raises them on the hot path.
+from agent.reasons import (
+    INVALID_TOPIC,
+    MALFORMED,
+    TOO_LARGE,
+    UNSUPPORTED_API_KEY,
+    UNSUPPORTED_VERSION,
+)
 from agent.records import Record
 from ferry_client.topic_names import illegal_topic, is_legal_topic
 from ferry_client.wire import ANY_PARTITION, API_VERSION, PARTITION_KEY
@@ -43,12 +54,6 @@ __all__ = [
     "parse_encoded",
 ]
 
-# Reject reasons; they double as metric/discard-log labels, so they never change.
-MALFORMED = "malformed"
-UNSUPPORTED_API_KEY = "unsupported_api_key"
-UNSUPPORTED_VERSION = "unsupported_version"
-INVALID_TOPIC = "invalid_topic"  # the word of agent/reasons.py, as HTTP answers it
-TOO_LARGE = "too_large"
 
 _GENERIC = Struct(">ihh")  # Size ApiKey ApiVersion
 # The generic header with the fixed fields before Topic.
@@ -77,8 +82,9 @@ _TOPIC_CACHE_MAX = 4096
 class Reject(Exception):
     """A datagram Ferry will not accept.
 
-    ``reason`` is one of the module constants (:data:`MALFORMED`, :data:`UNSUPPORTED_API_KEY`,
-    :data:`UNSUPPORTED_VERSION`, :data:`INVALID_TOPIC`, :data:`TOO_LARGE`), fit for a metric label;
+    ``reason`` is one of the words of agent/reasons.py re-exported here (:data:`MALFORMED`,
+    :data:`UNSUPPORTED_API_KEY`, :data:`UNSUPPORTED_VERSION`, :data:`INVALID_TOPIC`,
+    :data:`TOO_LARGE`), fit for a metric label;
     ``detail`` says what exactly was wrong, for the log.
     """
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from agent import reasons
 from agent.buffer.committer import Committer, Result, ShuttingDown
 from agent.buffer.store import EncodedGroup
 from agent.config import FerryConfig, TopicConfig
@@ -195,7 +196,7 @@ class SocketServer:
                     self.committer.submit_encoded(group, Source.SOCKET, _log_refusal)
                 except ShuttingDown:
                     reg.inc("messages_rejected", len(group), source=Source.SOCKET,
-                            reason="shutting_down")
+                            reason=reasons.SHUTTING_DOWN)
                     return
 
 
@@ -207,7 +208,7 @@ def _log_refusal(result: Result) -> None:
     # logs refusals for lack of space once per episode: a line per group would be thousands
     # a second while the buffer or its disk is full.
     if not isinstance(result, list):
-        if result.reason in ("buffer_full", "disk_full", "disk_error"):
+        if result.reason in reasons.SPACE:
             log.debug("datagrams refused: %s", result)
         else:
             # Any other refusal repeats with every group too: a line a minute per reason,

@@ -21,6 +21,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from agent import reasons
 from agent.ingest.http.codecs import check_topic
 from agent.ingest.http.management import TopicsApi, json_error, json_response
 from agent.ingest.http.openapi import openapi_document
@@ -114,14 +115,15 @@ class FerryApp:
         return json_response(openapi_document())
 
 
+# By Runtime.ready()'s reason: the phase, or the word the buffer refuses input with.
 _NOT_READY = {
-    "starting": "Ferry is starting",
-    "stopping": "Ferry is shutting down",
-    "buffer_full": "Ferry's buffer is full; new messages are refused until it drains",
-    "disk_full": "the filesystem of Ferry's buffer is full; new messages are refused until "
-                 "the buffer drains or the disk frees up",
-    "disk_error": "the disk of Ferry's buffer refused a write; new messages are refused "
-                  "until a write succeeds",
+    Phase.STARTING.value: "Ferry is starting",
+    Phase.STOPPING.value: "Ferry is shutting down",
+    reasons.BUFFER_FULL: "Ferry's buffer is full; new messages are refused until it drains",
+    reasons.DISK_FULL: "the filesystem of Ferry's buffer is full; new messages are refused "
+                       "until the buffer drains or the disk frees up",
+    reasons.DISK_ERROR: "the disk of Ferry's buffer refused a write; new messages are refused "
+                        "until a write succeeds",
 }
 
 

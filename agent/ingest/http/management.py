@@ -28,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from agent import reasons
 from agent.config import TopicConfig
 from agent.ingest.http import auth
 from agent.ingest.http.codecs import BodyError, check_topic, is_json, media_type, parse_json
@@ -110,12 +111,12 @@ class TopicsApi:
         body = await self._body(request)
         name = body.get("name")
         if not isinstance(name, str):
-            raise ApiError(400, "invalid_body", 'the topic needs a "name" (a string)')
+            raise ApiError(400, reasons.INVALID_BODY, 'the topic needs a "name" (a string)')
         settings = self._settings(body, self.catalog.default)
         try:
             entry = await run_in_threadpool(self.catalog.create, name, settings)
         except InvalidTopicName as exc:
-            raise ApiError(400, "invalid_topic", str(exc)) from None
+            raise ApiError(400, reasons.INVALID_TOPIC, str(exc)) from None
         except TopicExists as exc:
             raise ApiError(409, "topic_exists", str(exc)) from None
         except TopicReadOnly as exc:
@@ -127,22 +128,22 @@ class TopicsApi:
         if request.method == "GET":
             entry = self.catalog.entry(name)
             if entry is None:
-                raise ApiError(404, "unknown_topic", f"topic {name!r} is not defined")
+                raise ApiError(404, reasons.UNKNOWN_TOPIC, f"topic {name!r} is not defined")
             return json_response(topic_doc(entry))
         if request.method == "DELETE":
             try:
                 generation = await run_in_threadpool(self.catalog.delete, name)
             except InvalidTopicName as exc:
-                raise ApiError(400, "invalid_topic", str(exc)) from None
+                raise ApiError(400, reasons.INVALID_TOPIC, str(exc)) from None
             except TopicNotFound as exc:
-                raise ApiError(404, "unknown_topic", str(exc)) from None
+                raise ApiError(404, reasons.UNKNOWN_TOPIC, str(exc)) from None
             except TopicReadOnly as exc:
                 raise ApiError(409, "read_only", str(exc)) from None
             return json_response({"name": name, "deleted": True, "generation": generation})
         # PUT
         body = await self._body(request)
         if "name" in body and body["name"] != name:
-            raise ApiError(400, "invalid_body",
+            raise ApiError(400, reasons.INVALID_BODY,
                            f'"name" in the body ({body["name"]!r}) is not the topic of the '
                            f"path ({name!r}); topics cannot be renamed")
         current = self.catalog.entry(name)
@@ -151,7 +152,7 @@ class TopicsApi:
         try:
             defined, created = await run_in_threadpool(self.catalog.put, name, settings)
         except InvalidTopicName as exc:
-            raise ApiError(400, "invalid_topic", str(exc)) from None
+            raise ApiError(400, reasons.INVALID_TOPIC, str(exc)) from None
         except TopicReadOnly as exc:
             raise ApiError(409, "read_only", str(exc)) from None
         if created:
@@ -162,7 +163,7 @@ class TopicsApi:
     async def _body(self, request: Request) -> dict[str, Any]:
         media = media_type(request.headers.get("content-type", "").encode("latin-1"))
         if media is not None and not is_json(media):
-            raise ApiError(415, "unsupported_media_type",
+            raise ApiError(415, reasons.UNSUPPORTED_MEDIA_TYPE,
                            f"send the topic as JSON (Content-Type: application/json), not {media}")
         chunks: list[bytes] = []
         size = 0
@@ -171,18 +172,18 @@ class TopicsApi:
                 async for chunk in request.stream():
                     size += len(chunk)
                     if size > MAX_BODY_BYTES:
-                        raise ApiError(413, "too_large",
+                        raise ApiError(413, reasons.TOO_LARGE,
                                        f"a topic definition is at most {MAX_BODY_BYTES} bytes")
                     chunks.append(chunk)
         except TimeoutError:
-            raise ApiError(408, "request_timeout",
+            raise ApiError(408, reasons.REQUEST_TIMEOUT,
                            f"the body did not arrive within {self.body_timeout:g} s") from None
         try:
             doc = parse_json(b"".join(chunks))
         except BodyError as exc:
-            raise ApiError(400, "invalid_body", str(exc)) from None
+            raise ApiError(400, reasons.INVALID_BODY, str(exc)) from None
         if not isinstance(doc, dict):
-            raise ApiError(400, "invalid_body", "the body is a JSON object of topic settings")
+            raise ApiError(400, reasons.INVALID_BODY, "the body is a JSON object of topic settings")
         return doc
 
     def _settings(self, body: dict[str, Any], base: TopicConfig) -> TopicConfig:

@@ -50,6 +50,7 @@ from typing import Any, cast
 
 import httptools
 
+from agent import reasons
 from agent.ingest.http.errors import HttpError
 from agent.ingest.http.publish import Reply
 from agent.ingest.http.routing import PREFIX, publish_target
@@ -385,11 +386,11 @@ class HttpProtocol(asyncio.Protocol):
             # trailers, which the parser gathers without a limit (issue #29 E).
             self.overhead += len(data) - (request.size - size)
             if self.overhead > self.limits.header_bytes + CHUNK_FRAMING_BYTES * self.chunks:
-                self._refuse(HttpError(431, "headers_too_large",
+                self._refuse(HttpError(431, reasons.HEADERS_TOO_LARGE,
                                        "the chunked body's framing and trailers are over "
                                        f"{self.limits.header_bytes} bytes "
                                        "(http.max_header_bytes)",
-                                       reason="headers_too_large", close=True))
+                                       reason=reasons.HEADERS_TOO_LARGE, close=True))
         if self.parsing == "headers":
             self.tail = data[-3:]
         self._next()
@@ -407,9 +408,9 @@ class HttpProtocol(asyncio.Protocol):
             elif isinstance(cause, _Fatal):
                 self._refuse(cause.error)
             else:
-                self._refuse(HttpError(400, "invalid_http",
+                self._refuse(HttpError(400, reasons.INVALID_HTTP,
                                        f"the request is not valid HTTP/1.1: {exc}",
-                                       reason="invalid_http", close=True))
+                                       reason=reasons.INVALID_HTTP, close=True))
 
     def _resume_body(self, rest: bytes) -> None:
         """The parser stopped at the end of an Upgrade request's headers, as if everything
@@ -471,10 +472,10 @@ class HttpProtocol(asyncio.Protocol):
         assert request is not None
         request.url += url
         if len(request.url) > self.limits.request_line:
-            raise _Fatal(HttpError(414, "uri_too_long",
+            raise _Fatal(HttpError(414, reasons.URI_TOO_LONG,
                                    f"the request target is over {self.limits.request_line} "
                                    "bytes (http.max_request_line_bytes)",
-                                   reason="uri_too_long", close=True))
+                                   reason=reasons.URI_TOO_LONG, close=True))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.resuming:
@@ -483,9 +484,9 @@ class HttpProtocol(asyncio.Protocol):
         assert request is not None
         self.head_count += 1
         if self.head_count > self.limits.headers:
-            raise _Fatal(HttpError(431, "headers_too_large",
+            raise _Fatal(HttpError(431, reasons.HEADERS_TOO_LARGE,
                                    f"more than {self.limits.headers} header fields "
-                                   "(http.max_headers)", reason="headers_too_large",
+                                   "(http.max_headers)", reason=reasons.HEADERS_TOO_LARGE,
                                    close=True))
         # Headers that arrived in one read never pass _head_fits: counted here as well.
         self.head_parsed += len(name) + len(value) + 4
@@ -524,12 +525,12 @@ class HttpProtocol(asyncio.Protocol):
         if not version.startswith("1."):
             raise _Fatal(HttpError(505, "http_version_not_supported",
                                    f"HTTP/{version} is not spoken here: send HTTP/1.1",
-                                   reason="invalid_http", close=True))
+                                   reason=reasons.INVALID_HTTP, close=True))
         if hosts > 1 or (hosts == 0 and version != "1.0"):
             # RFC 9112 §3.2: exactly one Host in HTTP/1.1, never two in any version.
-            raise _Fatal(HttpError(400, "invalid_http",
+            raise _Fatal(HttpError(400, reasons.INVALID_HTTP,
                                    "an HTTP/1.1 request needs exactly one Host header "
-                                   f"(it has {hosts})", reason="invalid_http", close=True))
+                                   f"(it has {hosts})", reason=reasons.INVALID_HTTP, close=True))
         if coding is not None and coding.strip().lower() != _CHUNKED:
             # Only "chunked", alone: anything else (identity, gzip, chunked twice) would be
             # read one way here and another way by a proxy in front (RFC 9112 §6.1).
@@ -537,7 +538,7 @@ class HttpProtocol(asyncio.Protocol):
                                    "Transfer-Encoding "
                                    f"{coding.decode('latin-1')!r} is not supported: send "
                                    "chunked or a Content-Length",
-                                   reason="invalid_http", close=True))
+                                   reason=reasons.INVALID_HTTP, close=True))
         if request.url[:1] != b"/" and request.url[:4].lower() == b"http":
             request.url = _origin_form(request.url)
         self._route(request)
@@ -598,9 +599,9 @@ class HttpProtocol(asyncio.Protocol):
         path = url.split(b"?", 1)[0].split(b"#", 1)[0]
         rest = path[len(_TOPICS):]
         if b"%" in rest and b"%2f" in rest.lower():
-            raise _Fatal(HttpError(400, "invalid_topic",
+            raise _Fatal(HttpError(400, reasons.INVALID_TOPIC,
                                    "a topic name cannot hold a slash, encoded (%2F) or not",
-                                   reason="invalid_topic", close=True))
+                                   reason=reasons.INVALID_TOPIC, close=True))
         if request.method != b"POST":
             return
         target = publish_target(path.decode("latin-1"))
@@ -625,7 +626,7 @@ class HttpProtocol(asyncio.Protocol):
     def _too_large(self, request: Request) -> HttpError:
         if request.publish:
             return self.too_large(request.topic, request.batch, request.limit)
-        return HttpError(413, "too_large",
+        return HttpError(413, reasons.TOO_LARGE,
                          f"the body is over the limit of {request.limit} bytes", close=True)
 
     # -- answering -------------------------------------------------------------------------
@@ -777,10 +778,10 @@ class HttpProtocol(asyncio.Protocol):
         if self.loop.time() < deadline:
             self.timer = self.loop.call_at(deadline, self._expire)
         elif self.parsing == "body":
-            self._refuse(HttpError(408, "request_timeout",
+            self._refuse(HttpError(408, reasons.REQUEST_TIMEOUT,
                                    f"the body did not arrive within "
                                    f"{self.limits.body_timeout:g} s "
-                                   "(http.body_timeout_seconds)", reason="request_timeout",
+                                   "(http.body_timeout_seconds)", reason=reasons.REQUEST_TIMEOUT,
                                    close=True))
             self._next()
         else:
@@ -788,9 +789,9 @@ class HttpProtocol(asyncio.Protocol):
 
 
 def _headers_too_large(limits: Limits) -> HttpError:
-    return HttpError(431, "headers_too_large",
+    return HttpError(431, reasons.HEADERS_TOO_LARGE,
                      f"the request's headers are over {limits.header_bytes} bytes "
-                     "(http.max_header_bytes)", reason="headers_too_large", close=True)
+                     "(http.max_header_bytes)", reason=reasons.HEADERS_TOO_LARGE, close=True)
 
 
 def _origin_form(url: bytes) -> bytes:
@@ -817,10 +818,10 @@ def _decode(request: Request) -> None:
     """Decode a gzip body in place, up to the request's limit; any other coding is 415."""
     encoding = request.encoding
     if encoding not in (b"gzip", b"x-gzip"):
-        raise HttpError(415, "unsupported_content_encoding",
+        raise HttpError(415, reasons.UNSUPPORTED_CONTENT_ENCODING,
                         f"Content-Encoding {(encoding or b'').decode('latin-1')!r} is not "
                         "supported; send the body as is, or gzip it",
-                        reason="unsupported_content_encoding")
+                        reason=reasons.UNSUPPORTED_CONTENT_ENCODING)
     if request.publish and not request.exact:
         raise AssertionError("the exact limit is set before decoding")
     body = _gunzip(request.body, request.limit)
@@ -844,15 +845,15 @@ def _gunzip(data: bytes, limit: int) -> bytes:
         try:
             part = decoder.decompress(rest, limit - size + 1)
         except zlib.error as exc:
-            raise HttpError(400, "invalid_body", f"the gzip body cannot be decoded: {exc}",
-                            reason="invalid_body") from None
+            raise HttpError(400, reasons.INVALID_BODY, f"the gzip body cannot be decoded: {exc}",
+                            reason=reasons.INVALID_BODY) from None
         size += len(part)
         if size > limit:
-            raise HttpError(413, "too_large", f"the decoded body is over the limit of "
-                            f"{limit} bytes", reason="too_large")
+            raise HttpError(413, reasons.TOO_LARGE, f"the decoded body is over the limit of "
+                            f"{limit} bytes", reason=reasons.TOO_LARGE)
         if not decoder.eof:
-            raise HttpError(400, "invalid_body", "the gzip body is truncated",
-                            reason="invalid_body")
+            raise HttpError(400, reasons.INVALID_BODY, "the gzip body is truncated",
+                            reason=reasons.INVALID_BODY)
         out.append(part)
         rest = decoder.unused_data
         if not rest:

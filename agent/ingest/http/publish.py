@@ -23,6 +23,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from agent import reasons
 from agent.ack_signal import socket_path as ack_socket_path
 from agent.buffer import keys
 from agent.buffer.committer import ShuttingDown
@@ -316,20 +317,21 @@ class Publisher:
         if not runtime.accepting:
             raise _not_accepting(runtime.phase)
         if not valid_topic(topic):
-            raise HttpError(400, "invalid_topic", illegal_topic(topic), reason="invalid_topic")
+            raise HttpError(400, reasons.INVALID_TOPIC, illegal_topic(topic),
+                            reason=reasons.INVALID_TOPIC)
         if topic.startswith("__") and topic not in self.internal_topics and \
                 self.catalog.entry(topic) is None:
             # Kafka's own (__consumer_offsets, __transaction_state) and other tools'
             # internal topics: a message there would be refused or, worse, taken.
-            raise HttpError(400, "internal_topic",
+            raise HttpError(400, reasons.INTERNAL_TOPIC,
                             f"{topic!r} is an internal topic name (it starts with '__'); "
                             "publishing to it needs it listed in http.internal_topics or "
-                            "defined as a topic", reason="internal_topic")
+                            "defined as a topic", reason=reasons.INTERNAL_TOPIC)
         settings = self.catalog.resolve(topic)
         if settings is None:
-            raise HttpError(404, "unknown_topic",
+            raise HttpError(404, reasons.UNKNOWN_TOPIC,
                             f"topic {topic!r} is not defined here, and auto-creation of topics "
-                            "is off (http.auto_create_topics)", reason="unknown_topic")
+                            "is off (http.auto_create_topics)", reason=reasons.UNKNOWN_TOPIC)
 
         # -- headers (one pass) --
         request = _Request(topic, batch, settings)
@@ -354,20 +356,21 @@ class Publisher:
 
         limit = request.limit = self.max_batch_bytes if batch else settings.max_message_bytes
         if length is not None and length.isdigit() and int(length) > limit:
-            raise HttpError(413, "too_large",
+            raise HttpError(413, reasons.TOO_LARGE,
                             f"the body of {int(length)} bytes is over the limit of {limit} "
                             f"({_limit_name(topic, batch)})",
-                            reason="too_large", close=int(length) > _DRAIN_LIMIT)
+                            reason=reasons.TOO_LARGE, close=int(length) > _DRAIN_LIMIT)
         if request.fpk is not None:
             request.partition_key = _partition_key(request.fpk)
         if request.pkey is not None and not request.pkey:
-            raise HttpError(400, "invalid_header", "Partition-Key is empty; leave it out for "
-                            "no key", reason="invalid_header")
+            raise HttpError(400, reasons.INVALID_HEADER, "Partition-Key is empty; leave it out for "
+                            "no key", reason=reasons.INVALID_HEADER)
         if request.ikey is not None:
             try:
                 idem.check_key(request.ikey)
             except idem.BadKey as exc:
-                raise HttpError(400, "invalid_header", str(exc), reason="invalid_header") from None
+                raise HttpError(400, reasons.INVALID_HEADER, str(exc),
+                                reason=reasons.INVALID_HEADER) from None
         return request
 
     def _records(self, request: _Request, body: bytes) -> list[Record]:
@@ -382,11 +385,11 @@ class Publisher:
         try:
             values = codec.batch(media, body) if batch else [codec.single(media, body)]
         except BodyError as exc:
-            raise HttpError(400, "invalid_body", str(exc), reason="invalid_body",
+            raise HttpError(400, reasons.INVALID_BODY, str(exc), reason=reasons.INVALID_BODY,
                             count=exc.count) from None
         except MediaTypeError as exc:
-            raise HttpError(415, "unsupported_media_type", str(exc),
-                            reason="unsupported_media_type") from None
+            raise HttpError(415, reasons.UNSUPPORTED_MEDIA_TYPE, str(exc),
+                            reason=reasons.UNSUPPORTED_MEDIA_TYPE) from None
         except SchemaUnusable as exc:
             raise HttpError(500, "topic_misconfigured",
                             f"topic {topic!r} cannot take messages: {exc}") from None
@@ -397,10 +400,10 @@ class Publisher:
         if values and max(map(len, values)) + ksize > max_bytes:
             i, v = next((i, v) for i, v in enumerate(values) if len(v) + ksize > max_bytes)
             where = f"message [{i}]" if batch else "the message"
-            raise HttpError(413, "too_large",
+            raise HttpError(413, reasons.TOO_LARGE,
                             f"{where} is {len(v) + ksize} bytes (key + value) stored, over "
                             f"max_message_bytes={max_bytes} of topic {topic!r}",
-                            reason="too_large", count=n)
+                            reason=reasons.TOO_LARGE, count=n)
         request.ts = ts = int(time.time() * 1000)
         headers = request.kafka_headers
         partition_key = request.partition_key
@@ -411,9 +414,9 @@ class Publisher:
         settings = request.settings
         wait = self.limiter.acquire(request.topic, settings.rate_limit, n)
         if wait:
-            raise HttpError(429, "rate_limited",
+            raise HttpError(429, reasons.RATE_LIMITED,
                             f"topic {request.topic!r} takes at most {settings.rate_limit:g} "
-                            "messages/s over HTTP", reason="rate_limited", retry_after=wait,
+                            "messages/s over HTTP", reason=reasons.RATE_LIMITED, retry_after=wait,
                             count=n)
 
     def _waits_for_kafka(self, settings: TopicConfig) -> bool:
@@ -483,9 +486,9 @@ class Publisher:
                     break
         except asyncio.CancelledError:
             if self.deadlines.expired(task):
-                raise HttpError(408, "request_timeout",
+                raise HttpError(408, reasons.REQUEST_TIMEOUT,
                                 f"the body did not arrive within {self.body_timeout:g} s "
-                                "(http.body_timeout_seconds)", reason="request_timeout",
+                                "(http.body_timeout_seconds)", reason=reasons.REQUEST_TIMEOUT,
                                 close=True) from None
             raise
         finally:
@@ -565,10 +568,10 @@ class Publisher:
         if entry is None:
             return None
         if entry.fingerprint != fingerprint:
-            raise HttpError(422, "idempotency_key_reused",
+            raise HttpError(422, reasons.IDEMPOTENCY_KEY_REUSED,
                             "this Idempotency-Key was used for a different request (body or "
                             "headers differ) within the idempotency window",
-                            reason="idempotency_key_reused",
+                            reason=reasons.IDEMPOTENCY_KEY_REUSED,
                             count=n)
         return await self._answer(topic, entry.ids, settings, batch, replayed=True)
 
@@ -635,9 +638,9 @@ def _ids(result: Any, n: int) -> list[bytes]:
     if isinstance(result, list):
         return result
     if result is _OVERLOADED:
-        raise HttpError(503, "overloaded",
+        raise HttpError(503, reasons.OVERLOADED,
                         "Ferry's buffer writer is behind; nothing was stored. Retry later.",
-                        reason="overloaded", retry_after=RETRY_BUSY, count=n)
+                        reason=reasons.OVERLOADED, retry_after=RETRY_BUSY, count=n)
     if result is _CLOSING:
         raise _not_accepting(Phase.STOPPING, count=n)
     if isinstance(result, InvalidGroup):
@@ -710,25 +713,26 @@ def _id_list(ids: list[bytes]) -> bytes:
 
 
 def _body_too_large(limit: int, topic: str, batch: bool) -> HttpError:
-    return HttpError(413, "too_large", f"the body is over the limit of {limit} bytes "
-                     f"({_limit_name(topic, batch)})", reason="too_large", close=True)
+    return HttpError(413, reasons.TOO_LARGE, f"the body is over the limit of {limit} bytes "
+                     f"({_limit_name(topic, batch)})", reason=reasons.TOO_LARGE, close=True)
 
 
 def _partition_key(raw: bytes) -> int:
     text = raw.strip()
     value = int(text) if _INTEGER.fullmatch(text) else None
     if value is None or not _INT32_MIN <= value <= _INT32_MAX:
-        raise HttpError(400, "invalid_header",
+        raise HttpError(400, reasons.INVALID_HEADER,
                         f"Ferry-Partition-Key must be a 32-bit signed integer "
-                        f"({_INT32_MIN}..{_INT32_MAX}), not {raw[:40]!r}", reason="invalid_header")
+                        f"({_INT32_MIN}..{_INT32_MAX}), not {raw[:40]!r}",
+                        reason=reasons.INVALID_HEADER)
     return value
 
 
 def _not_accepting(phase: Phase, count: int = 1) -> HttpError:
     if phase is Phase.STARTING:
-        return HttpError(503, "starting", "Ferry is starting; retry in a moment.",
-                         reason="starting", retry_after=RETRY_STARTING, count=count)
-    return HttpError(503, "shutting_down",
+        return HttpError(503, reasons.STARTING, "Ferry is starting; retry in a moment.",
+                         reason=reasons.STARTING, retry_after=RETRY_STARTING, count=count)
+    return HttpError(503, reasons.SHUTTING_DOWN,
                      "Ferry is shutting down and takes no new messages; retry against another "
-                     "instance or after the restart.", reason="shutting_down",
+                     "instance or after the restart.", reason=reasons.SHUTTING_DOWN,
                      retry_after=RETRY_STOPPING, count=count)
