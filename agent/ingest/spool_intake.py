@@ -109,6 +109,11 @@ class SpoolIntake:
         self._stop = threading.Event()
         self._reported: set[tuple[Path, str]] = set()  # files _failed() counted and logged
         self._unrecognized: set[Path] = set()  # as of the last scan
+        # When the intake thread must look again at a file left for later (a hand-made file
+        # still settling, a binary one perhaps still being written): one deadline, the
+        # earliest, that the loop's own wait honours. A timer per such file would start a
+        # thread per file on every scan (a burst of fresh files, as many threads).
+        self._recheck_at: float | None = None  # time.monotonic()
         self._observer: Any = None
         self._thread = threading.Thread(target=self._run, name="spool-intake", daemon=True)
         self._pause = _Pause(self.registry)
@@ -156,8 +161,18 @@ class SpoolIntake:
                 return
             except Exception:  # noqa: BLE001 - the intake thread must survive any one file
                 log.exception("spool scan failed")
-            self._wake.wait(self.config.scan_interval_seconds)
+            self._wake.wait(self._until_next_scan())
             self._wake.clear()
+
+    def _until_next_scan(self) -> float:
+        """Seconds the loop waits for a file event before it scans again: the scan interval,
+        or less when a file left for later is due sooner. The deadline is spent here: the next
+        scan sets a new one for what it leaves for later again."""
+        wait = self.config.scan_interval_seconds
+        due, self._recheck_at = self._recheck_at, None
+        if due is not None:
+            wait = min(wait, max(0.0, due - time.monotonic()))
+        return wait
 
     def scan_once(self) -> int:
         """Ingest every ready file once, files already claimed first; returns how many were
@@ -223,8 +238,11 @@ class SpoolIntake:
             st = path.stat()
         except FileNotFoundError:
             return None
-        if path.suffix != EXTENSION and time.time() - st.st_mtime < SETTLE_SECONDS:
-            self._wake_later()  # a hand-made file may still be being written in place
+        age = time.time() - st.st_mtime
+        if path.suffix != EXTENSION and age < SETTLE_SECONDS:
+            # A hand-made file may still be being written in place: looked at again once it
+            # settles (at most SETTLE_SECONDS away, even if its time is in the future).
+            self._wake_later(min(SETTLE_SECONDS - age, SETTLE_SECONDS))
             return None
         rel = path.relative_to(root)
         target = root / CLAIMED / rel
@@ -280,7 +298,7 @@ class SpoolIntake:
                     count = reader.verify()
             except SpoolFormatError as exc:
                 if binary and age < CORRUPT_GRACE_SECONDS:
-                    self._wake_later()
+                    self._wake_later(SETTLE_SECONDS)
                     return False  # perhaps still being written in place: look again later
                 self._quarantine(root, path, key, "corrupt", str(exc))
                 return False
@@ -553,8 +571,12 @@ class SpoolIntake:
                                                      "detail": detail})
         log.error("spool file %s quarantined to %s: %s", root / name, target, detail)
 
-    def _wake_later(self) -> None:
-        threading.Timer(SETTLE_SECONDS, self._wake.set).start()
+    def _wake_later(self, seconds: float) -> None:
+        """Have the intake thread scan again in ``seconds`` (or sooner): the earliest such
+        deadline of a scan is the one kept, and no thread is started for it."""
+        due = time.monotonic() + seconds
+        if self._recheck_at is None or due < self._recheck_at:
+            self._recheck_at = due
 
     def _cleanup(self) -> None:
         """Forget progress of files that are gone, and de-duplication entries past their

@@ -226,11 +226,14 @@ MB = 1024 * 1024
 def intake_only(root: Path, max_bytes: int = 256 * MB,
                 after_ingest: Literal["delete", "move"] = "delete",
                 buffer_path: Path | None = None,
-                reserve_bytes: int = 32 * MB) -> Iterator[SpoolIntake]:
-    """A SpoolIntake on a real buffer and committer, its scans driven by the test."""
+                reserve_bytes: int = 32 * MB,
+                scan_interval_seconds: float = 5.0) -> Iterator[SpoolIntake]:
+    """A SpoolIntake on a real buffer and committer, its scans driven by the test (or by
+    its own thread, once the test starts it)."""
     config = FerryConfig(buffer=BufferConfig(path=buffer_path or root / "buffer",
                                              max_bytes=max_bytes, reserve_bytes=reserve_bytes),
-                         spool=SpoolConfig(dirs=[root / "spool"], after_ingest=after_ingest))
+                         spool=SpoolConfig(dirs=[root / "spool"], after_ingest=after_ingest,
+                                           scan_interval_seconds=scan_interval_seconds))
     (root / "spool").mkdir()
     registry = Registry()
     store = Store(config.buffer.path, config.buffer.max_bytes, track=False,
@@ -558,6 +561,9 @@ def test_the_periodic_rescan_finds_files_no_event_announced(
                                 [SpoolRecord("t", b"found by the rescan")])
         wait_until(lambda: not late.exists(), timeout=20,
                    message="the file found without any file-system event")
+        # Gone from its name once claimed, a moment before its batch is committed.
+        wait_until(lambda: registry.view().total("spool_files_ingested") == 2,
+                   message="the file ingested")
         assert [m.record.value for m in buffered(store, "t")] == [
             b"first", b"found by the rescan"]
     finally:
@@ -733,6 +739,89 @@ def test_a_hand_made_file_rewritten_while_read_is_quarantined_not_deleted(
         assert not path.exists()
         reason = (intake.dirs[0] / "quarantine" / "t" / "x.txt.reason").read_text()
         assert "changed while being read" in reason
+
+
+# -- what the intake keeps does not grow with the files that pass -----------------------------
+def _counting_scans(intake: SpoolIntake) -> list[float]:
+    """The times (monotonic) at which the intake's thread began a scan, from now on."""
+    scans: list[float] = []
+    scan_once = intake.scan_once
+
+    def counted() -> int:
+        scans.append(time.monotonic())
+        return scan_once()
+
+    intake.scan_once = counted  # type: ignore[method-assign]
+    return scans
+
+
+def test_a_burst_of_settling_hand_made_files_starts_no_thread_per_file(tmp_path: Path) -> None:
+    """Hand-made files are left alone while they may still be being written (changed less
+    than SETTLE_SECONDS ago) and looked at again once they settle. 1,000 of them dropped at
+    once into a running intake keep its thread count where it was over several scans (a
+    timer thread per file per scan once started a thousand threads a scan), and every one
+    is ingested once settled."""
+    n = 1000
+    with intake_only(tmp_path, scan_interval_seconds=0.2) as intake:
+        scans = _counting_scans(intake)
+        intake.start()
+        wait_until(lambda: scans, message="the scan at start")
+        baseline = threading.active_count()
+        # Written out of the intake's sight (a hidden directory), all marked changed now,
+        # then shown at once: all fresh together, whatever the pace of the writes.
+        hidden = intake.dirs[0] / ".t"
+        hidden.mkdir()
+        files = [hidden / f"f{i:04d}.txt" for i in range(n)]
+        for i, path in enumerate(files):
+            path.write_text(f"line {i}\n")
+        for path in files:
+            os.utime(path)
+        folder = intake.dirs[0] / "t"
+        burst_at = time.monotonic()
+        os.rename(hidden, folder)
+        peak = baseline
+
+        def all_ingested() -> bool:
+            nonlocal peak
+            peak = max(peak, threading.active_count())
+            return intake.registry.view().total("spool_files_ingested") == n
+
+        wait_until(all_ingested, timeout=120, interval=0.02, message="all files ingested")
+        assert peak <= baseline + 3, f"{peak} threads at the peak, {baseline} before the burst"
+        # The scans that found the files fresh (every 0.2 s, and on file events) and the
+        # ones that took them.
+        settling_scans = sum(1 for t in scans if t >= burst_at)
+        assert settling_scans >= 3, f"only {settling_scans} scans since the burst began"
+        assert not any(folder.iterdir())
+        values = sorted(m.record.value for m in buffered(intake.store, "t"))
+        assert values == sorted(b"line %d" % i for i in range(n))
+
+
+def test_a_settling_file_is_read_once_settled_not_at_the_next_periodic_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The intake's own wait ends when a file left to settle is due: with no file-system
+    event to wake it and a minute between periodic scans, a fresh hand-made file is read
+    within seconds, and not before SETTLE_SECONDS since its last change."""
+    import agent.ingest.spool_intake as spool_intake
+
+    monkeypatch.setattr(spool_intake, "Observer", _DeafObserver)
+    with intake_only(tmp_path, scan_interval_seconds=60) as intake:
+        scans = _counting_scans(intake)
+        intake.start()
+        wait_until(lambda: scans, message="the scan at start")
+        path = intake.dirs[0] / "t" / "fresh.txt"
+        path.parent.mkdir()
+        path.write_text("fresh\n")
+        changed = path.stat().st_mtime
+        intake.wake()  # one scan finds it fresh; only the settle deadline brings the next
+        wait_until(lambda: not path.exists(), timeout=20, interval=0.01,
+                   message="the settled file claimed before the next periodic scan")
+        assert time.time() - changed >= spool_intake.SETTLE_SECONDS
+        wait_until(lambda: intake.registry.view().total("spool_files_ingested") == 1,
+                   message="the file ingested")
+        assert [m.record.value for m in buffered(intake.store, "t")] == [b"fresh"]
+        assert len(scans) <= 4  # a scan at start, the woken one, the one at the deadline
 
 
 # -- a file replaced while the agent ingests it ----------------------------------------------
