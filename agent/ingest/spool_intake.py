@@ -182,6 +182,7 @@ class SpoolIntake:
             pending += [(i, d, f, True) for f in _claimed_files(d)]
             pending += [(i, d, f, False) for f in list_ready_files(d)]
         self.registry.set("spool_files_pending", float(len(pending)))
+        self._forget_reported_gone({path for _, _, path, _ in pending})
         self._warn_unrecognized()
         finished = 0
         for n, (index, root, path, claimed) in enumerate(pending):
@@ -214,6 +215,16 @@ class SpoolIntake:
             log.warning("spool file %s is not where Ferry reads files (binary .ferry files "
                             "in the spool directory or a topic directory; .jsonl/.txt in a "
                             "topic directory, docs/spool.md): it is left alone", path)
+
+    def _forget_reported_gone(self, listed: set[Path]) -> None:
+        """Forget the failures of files the scan no longer lists (removed by someone, or
+        finished, quarantined or claimed by the intake), so that what ``_failed`` remembers
+        is bounded by the files present, and a new file later made under such a name is
+        counted and logged as the new file it is. A failing file stays listed, claimed or
+        not (``_failed`` is only given paths a scan lists: a file at its name, or in
+        ``.ingesting/``), so it is still logged once."""
+        if self._reported:
+            self._reported = {r for r in self._reported if r[0] in listed}
 
     def _failed(self, path: Path, reason: str, detail: str, exc_info: bool = False) -> None:
         """Count a file Ferry cannot finish with and log it at ERROR, once per file and reason

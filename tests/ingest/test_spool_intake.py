@@ -824,6 +824,46 @@ def test_a_settling_file_is_read_once_settled_not_at_the_next_periodic_scan(
         assert len(scans) <= 4  # a scan at start, the woken one, the one at the deadline
 
 
+def test_failures_of_files_that_are_gone_are_forgotten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What the intake remembers of failed files (to count and log each once) is bounded by
+    the files present: 2,000 files that could not be claimed, then removed by their owner,
+    leave nothing behind. A failing file that stays is still logged once, and a new file
+    made under a gone one's name is counted and logged as the new file it is."""
+    n = 2000
+    with intake_only(tmp_path) as intake:
+        folder = intake.dirs[0] / "t"
+        gone = [_hand_made(intake, "t", f"f{i:04d}.txt", f"line {i}\n") for i in range(n)]
+        stays = _hand_made(intake, "t", "stays.txt", "stays\n")
+        rename = os.rename
+
+        def refuse(src: Any, dst: Any) -> None:
+            if Path(src).parent == folder:  # a topic directory the agent may not write
+                raise PermissionError(13, "Permission denied", str(src))
+            rename(src, dst)
+
+        monkeypatch.setattr(os, "rename", refuse)
+        with caplog.at_level("ERROR", logger="agent.ingest.spool_intake"):
+            assert intake.scan_once() == 0
+            assert len(intake._reported) == n + 1  # noqa: SLF001 - the growth at stake
+            for path in gone:
+                path.unlink()
+            assert intake.scan_once() == 0
+            assert intake._reported == {(stays, "unremovable")}  # noqa: SLF001
+            again = _hand_made(intake, "t", "f0000.txt", "a new file, refused too\n")
+            for _ in range(3):
+                assert intake.scan_once() == 0
+        logged = collections.Counter(r.args[0] for r in caplog.records  # type: ignore[index]
+                                     if "cannot be claimed" in r.getMessage())
+        assert logged[stays] == 1
+        assert logged[again] == 2  # the first file of that name, then the new one
+        assert len(logged) == n + 1
+        failed = intake.registry.view().total("spool_files_failed", reason="unremovable")
+        assert failed == n + 2
+        assert stays.exists() and again.exists()
+
+
 # -- a file replaced while the agent ingests it ----------------------------------------------
 # A writer that rewrites a name (os.replace, as a retried Spark task or a script does) at each
 # stage of the agent's work on the file. The agent reads and removes only the file it claimed,
