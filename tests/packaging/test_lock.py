@@ -1,8 +1,9 @@
-"""packaging/requirements.lock: the .deb and .rpm hold exactly the dependencies it pins.
+"""packaging/requirements.lock: the .deb and .rpm hold exactly the dependencies it pins, and
+Ferry's wheel in them is made by the build backend packaging/build-requirements.lock pins.
 
 build.sh installs the locked wheels (hash-checked) and Ferry without resolving anything, and
-refuses a lock that does not match pyproject.toml's dependencies or a file that does not match
-its hash, before it stages anything. The refusals run build.sh from a copy of the source tree
+refuses a lock that does not match pyproject.toml or a file that does not match its hash,
+before it stages anything. The refusals run build.sh from a copy of the source tree
 (with the copy's pyproject.toml or lock edited), so the shared stage under build/ is never
 touched; each stops within seconds. Needs network access to PyPI, like the build.
 """
@@ -14,6 +15,7 @@ import shutil
 import subprocess
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +25,7 @@ from tests.packaging.harness import REPO_ROOT, Packages, run
 pytestmark = pytest.mark.packaging
 
 LOCK = harness.PACKAGING / "requirements.lock"
+BACKEND_LOCK = harness.PACKAGING / "build-requirements.lock"
 MAINTAINER = "Ferry Tests <packaging-tests@example.org>"
 
 
@@ -85,18 +88,25 @@ def set_dependencies(tree: Path, edit: list[str]) -> None:
     assert tomllib.loads(text)["project"]["dependencies"] == edit
 
 
+def pyproject() -> dict[str, Any]:
+    return tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+
+
 def dependencies() -> list[str]:
-    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
-    return list(project["dependencies"])
+    return list(pyproject()["project"]["dependencies"])
 
 
 # --------------------------------------------------------------------------------------------
 
 
-def test_lock_pins_every_requirement_exactly_with_hashes() -> None:
-    text = LOCK.read_text()
+@pytest.mark.parametrize("lock, table, key", [(LOCK, "project", "dependencies"),
+                                              (BACKEND_LOCK, "build-system", "requires")],
+                         ids=["dependencies", "build-backend"])
+def test_lock_pins_every_requirement_exactly_with_hashes(lock: Path, table: str,
+                                                         key: str) -> None:
+    text = lock.read_text()
     locked = pins(text)
-    assert {requirement_name(r) for r in dependencies()} <= locked.keys()
+    assert {requirement_name(r) for r in pyproject()[table][key]} <= locked.keys()
     # One entry per requirement: "name==version \" then its "--hash=sha256:..." lines.
     entries = re.split(r"\n(?=[A-Za-z0-9])", re.sub(r"^#.*\n|^\s*#.*\n", "", text, flags=re.M))
     requirements = [e for e in entries if e.strip() and not e.startswith("--")]
@@ -132,6 +142,20 @@ def test_build_refuses_a_lock_with_a_pin_that_nothing_requires(tmp_path: Path) -
     assert "run packaging/lock" in result.stderr
 
 
+def test_build_refuses_a_build_backend_requirement_the_lock_lacks(tmp_path: Path) -> None:
+    tree = tree_copy(tmp_path / "tree")
+    path = tree / "pyproject.toml"
+    text, n = re.subn(r"^requires = \[(.*)\]$", r'requires = [\1, "wheel>=0.40"]',
+                      path.read_text(), count=1, flags=re.M)
+    assert n == 1, "no [build-system] requires in pyproject.toml?"
+    path.write_text(text)
+    result = build_copy(tree, tmp_path / "dist")
+    assert_refused(result, tree, tmp_path / "dist")
+    assert "wheel>=0.40" in result.stderr
+    assert "build-requirements.lock lacks what pyproject.toml's build-system.requires need" \
+        in result.stderr
+
+
 def test_build_refuses_a_file_whose_hash_is_not_the_locked_one(tmp_path: Path) -> None:
     tree = tree_copy(tmp_path / "tree")
     lock = tree / "packaging" / "requirements.lock"
@@ -158,3 +182,7 @@ def test_packaged_venv_holds_exactly_the_locked_versions(packages: Packages,
         installed[canonical(fields["Name"])] = fields["Version"]
     assert installed.pop("ferry") == packages.version
     assert installed == pins(LOCK.read_text())
+    # Ferry's own wheel was made by the locked build backend, not by whatever was newest.
+    (info,) = site.glob("ferry-*.dist-info")
+    backend = pins(BACKEND_LOCK.read_text())
+    assert f"Generator: setuptools ({backend['setuptools']})" in (info / "WHEEL").read_text()
