@@ -181,6 +181,11 @@ class Forwarder(Reading, Routing, Sending, Reports, Retries, StuckTopics, Leavin
         if self._commits is not None:
             self._commits.close()
 
+    def topic_count(self) -> int:
+        """Topics whose state the loop keeps, and walks on every step: those with buffered
+        messages, or with anything in flight, retried, leaving or stuck (topic_state.py)."""
+        return len(self._topics)
+
     def stats(self) -> dict[str, Any]:
         return {"in_flight": self._in_flight,
                 "retries": sum(len(s.retry) for s in self._topics.values()),

@@ -27,3 +27,6 @@ class LeavingBatch:
     def __len__(self) -> int:
         return len(self.outcomes) + self.delivered
 
+    def discarded_topics(self) -> set[str]:
+        """Topics with discards waiting here: messages read, not in flight, not yet gone."""
+        return {o.topic for o in self.outcomes}

@@ -36,6 +36,7 @@ class Reading(LoopState):
             for t in present:
                 self._topics.setdefault(t, TopicState())
             self._present = set(present)
+            self._prune_topics()
             self._generations = self.store.generations()
             self._next_topic_scan = now + 0.01
         worked = False
@@ -146,3 +147,23 @@ class Reading(LoopState):
                 st.expiry_check_at = now + 1.0  # all of the topic expired and discarded
                 return worked
         return worked  # more may have expired: the next step goes on, after the delete
+
+    def _prune_topics(self) -> None:
+        """Drop the state of topics that hold nothing any more: every step walks every entry,
+        so topics that come and go (10,000 in a day is ordinary) must not leave theirs
+        behind. Kept: a topic with buffered messages (it is read again at once), any
+        state ``TopicState.holds_nothing`` names, and a topic with discards waiting for
+        their delete (not in flight, so a fresh cursor would read and discard them again).
+        A dropped topic is forgotten by the clusters too (``Cluster.forget``)."""
+        topics = self._topics
+        if len(topics) == len(self._present):
+            return  # every entry has buffered messages: nothing to drop (the common case)
+        lv = self._leaving
+        leaving = lv.discarded_topics() if lv.outcomes else set()
+        gone = [t for t, st in topics.items()
+                if st.holds_nothing() and t not in self._present and t not in leaving]
+        for t in gone:
+            del topics[t]
+            for c in self.clusters.values():
+                c.forget(t)
+

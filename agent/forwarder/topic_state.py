@@ -1,5 +1,12 @@
 """What the forwarder's loop keeps per topic: its read cursor, its sends and retries, and
-whether it is stuck."""
+whether it is stuck.
+
+The loop walks every entry on every step, so an entry lives only while it holds something:
+``holds_nothing`` says when it can go (``Forwarder._prune_topics``). A topic with buffered
+messages gets a fresh entry at the next scan, whose cursor starts at the topic's head again;
+that re-reads nothing, since an entry is dropped only when no message of the topic is in
+flight, waiting for a retry, or waiting for its delete.
+"""
 
 from __future__ import annotations
 
@@ -27,3 +34,10 @@ class TopicState:
     # Reports of the topic's common-path sends (value_report).
     sink: list[ValueReport] = field(default_factory=list)
 
+    def holds_nothing(self) -> bool:
+        """Nothing of the topic is in flight, waiting for a retry or a report, or leaving
+        (``in_flight`` counts a message until its delete), and no state must outlive the
+        entry: a stuck topic keeps its reason until it delivers again, a topic waiting for
+        its partitions keeps the time it began to wait."""
+        return not (self.in_flight or self.sending or self.retry or self.sink
+                    or self.recovering or self.stuck is not None or self.waiting_since)

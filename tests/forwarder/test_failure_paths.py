@@ -186,7 +186,9 @@ def test_a_fallback_the_remote_refuses_at_once_is_one_failure(setup: Setup) -> N
     assert steps_until(fwd, lambda: not setup.store.topic_stats())
     assert setup.discard_reasons() == ["attempts"]
     assert fwd.registry.view().total("messages_discarded", topic="t") == 1
-    assert fwd.stats() == {"in_flight": 0, "retries": 0, "topics": {"t": 0}}
+    stats = fwd.stats()
+    # "t" holds nothing now: its entry may already be dropped (topic_state.py).
+    assert (stats["in_flight"], stats["retries"], stats["topics"].get("t", 0)) == (0, 0, 0)
 
 
 def test_a_producer_refusing_everything_as_fatal_is_replaced(setup: Setup) -> None:
