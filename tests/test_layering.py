@@ -1,0 +1,146 @@
+"""The architecture, as imports: data flows ingest → buffer → forwarder, and the code's
+imports say so. Read with ``ast`` (every import, at module level or inside a function), so a
+new arrow that runs the wrong way fails here rather than in a reader's head.
+
+- only ``agent.buffer`` touches LMDB; only ``agent.forwarder`` touches Kafka;
+- no stage imports another stage's package (they meet in the buffer, the records, the
+  metrics registry and the signals), nor the daemon, the CLI or the status page;
+- ``status`` reads the agent (its registry, runtime, buffer keys) and is imported only by the
+  composition roots, ``agent.daemon`` and ``agent.cli``;
+- ``spool``, ``spark_writer`` and ``ferry_client`` stand without the agent.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("agent", "status", "spool", "spark_writer", "ferry_client")
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports() -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            names: set[str] = set()
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    names.update(a.name for a in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    names.add(node.module)
+                    names.update(f"{node.module}.{a.name}" for a in node.names)
+            found[_module(path)] = names
+    return found
+
+
+IMPORTS = _imports()
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def _importers(target: str) -> set[str]:
+    return {m for m, names in IMPORTS.items() if any(_within(n, target) for n in names)}
+
+
+def test_the_scan_sees_the_code() -> None:
+    assert "agent.buffer.store" in IMPORTS and "status.routes" in IMPORTS
+    assert len(IMPORTS) > 60
+
+
+def test_only_the_buffer_touches_lmdb() -> None:
+    assert {m for m in _importers("lmdb") if not _within(m, "agent.buffer")} == set()
+
+
+def test_only_the_forwarder_touches_kafka() -> None:
+    assert {m for m in _importers("confluent_kafka")
+            if not _within(m, "agent.forwarder")} == set()
+
+
+STAGES = ("agent.ingest", "agent.buffer", "agent.forwarder")
+ROOTS = ("agent.daemon", "agent.cli")
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_stage_imports_no_other_stage_nor_what_composes_it(stage: str) -> None:
+    # The buffer sits between the two others: both may import it; it imports neither.
+    forbidden = [s for s in STAGES if s != stage and s != "agent.buffer"]
+    forbidden += [*ROOTS, "status"]
+    wrong = {(m, n) for m, names in IMPORTS.items() if _within(m, stage)
+             for n in names if any(_within(n, f) for f in forbidden)}
+    assert wrong == set()
+
+
+def test_status_is_imported_only_by_the_composition_roots() -> None:
+    importers = {m for m in _importers("status") if not _within(m, "status")}
+    assert {m for m in importers if not any(_within(m, r) for r in ROOTS)} == set()
+    assert importers  # the daemon serves the status routes
+
+
+def test_status_does_not_import_what_composes_it() -> None:
+    wrong = {(m, n) for m, names in IMPORTS.items() if _within(m, "status")
+             for n in names if any(_within(n, r) for r in ROOTS)}
+    assert wrong == set()
+
+
+@pytest.mark.parametrize("package", ["spool", "spark_writer", "ferry_client"])
+def test_the_writers_and_the_client_stand_without_the_agent(package: str) -> None:
+    wrong = {(m, n) for m, names in IMPORTS.items() if _within(m, package)
+             for n in names if _within(n, "agent") or _within(n, "status")}
+    assert wrong == set()
+
+
+def test_the_client_needs_nothing_but_itself() -> None:
+    ours = {n.split(".")[0] for m, names in IMPORTS.items() if _within(m, "ferry_client")
+            for n in names} & set(PACKAGES)
+    assert ours == {"ferry_client"}
+
+
+def _top_level_imports() -> dict[str, set[str]]:
+    """What each module imports when it is loaded (not inside functions, nor for typing)."""
+    found: dict[str, set[str]] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            names: set[str] = set()
+            for node in ast.parse(path.read_text()).body:
+                if isinstance(node, ast.Import):
+                    names.update(a.name for a in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    names.update(f"{node.module}.{a.name}" for a in node.names)
+                    names.add(node.module)
+            found[_module(path)] = {n for n in names if n.split(".")[0] in PACKAGES}
+    return found
+
+
+def test_no_import_cycle_between_modules() -> None:
+    edges = _top_level_imports()
+    graph = {m: {n for n in names if n in edges and n != m} for m, names in edges.items()}
+    # Importing a package runs its __init__: a module importing agent.buffer.store also
+    # depends on agent/buffer/__init__.py, which is what it imports that way.
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                cycles.append(path[path.index(n):] + [n] if n in path else [m, n])
+            elif n not in state:
+                visit(n, [*path, n])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert cycles == []
