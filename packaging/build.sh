@@ -125,6 +125,7 @@ fetch_locked() {
 # requirements at TABLE.KEY as they are now. pip resolves those requirements against the
 # locked wheels (in WHEELS) alone: a requirement the lock lacks, or pins outside its range,
 # fails the resolution, and a pin that nothing requires any more is missing from its answer.
+# --isolated: no find-links or index from the machine's pip settings may offer other versions.
 check_lock() {
   local lock_file=$1 wheels=$2 key=$3 stale
   local wanted=$wheels.requirements.txt report=$wheels.resolution.json
@@ -134,8 +135,8 @@ with open(sys.argv[1], "rb") as f:
     table, key = sys.argv[2].split(".")
     print("\n".join(tomllib.load(f)[table][key]))
 PY
-  "${pip[@]}" install -q --dry-run --ignore-installed --no-index --only-binary :all: \
-      --find-links "$wheels" --report "$report" -r "$wanted" \
+  "${pip[@]}" --isolated install -q --dry-run --ignore-installed --no-index \
+      --only-binary :all: --find-links "$wheels" --report "$report" -r "$wanted" \
     || die "$lock_file lacks what pyproject.toml's $key need (pip names it above):" \
            "run packaging/lock"
   stale=$("$TARGET_PYTHON" - "$lock_file" "$report" <<'PY'
@@ -202,7 +203,8 @@ else
 
   # In a venv holding the locked build backend (no build isolation, which would install
   # whatever setuptools is newest): the backend writes the wheel's metadata.
-  log "building the ferry wheel ($(grep -o '^[A-Za-z0-9][^ ]*==[^ ]*' "$backend_lock" | paste -sd' ' -))"
+  backend_pins=$(grep -o '^[A-Za-z0-9][^ ]*==[^ ]*' "$backend_lock" | paste -sd' ' -)
+  log "building the ferry wheel ($backend_pins)"
   "$TARGET_PYTHON" -m venv --without-pip "$work/backend"
   "${pip[@]}" --python "$work/backend/bin/python" install -q --no-index --no-deps \
     --require-hashes --only-binary :all: --find-links "$deps/backend" -r "$backend_lock"
