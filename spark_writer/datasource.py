@@ -239,6 +239,16 @@ def _timestamps_ms(column: pa.Array) -> pa.Array:
     return column.cast(pa.int64())
 
 
+# Spark does not wait for the tasks of a failed job before the driver's abort: it kills them,
+# and a task's Python worker may even begin (or read its input) after the abort.
+_ABORTED = ("the job was aborted while this task was still writing (Spark kills the running "
+            "tasks of a failed job)")
+
+
+def _aborted(abort_marker: str | None) -> bool:
+    return abort_marker is not None and os.path.exists(abort_marker)
+
+
 def write_partition(
     plan: WritePlan,
     batches: Iterator[pa.RecordBatch],
@@ -247,8 +257,10 @@ def write_partition(
     abort_marker: str | None = None,
 ) -> FerryCommitMessage:
     """Write one task's rows as ``plan.spool_dir/file_name``, staged or published as
-    ``plan.publish`` says; no file for no rows. A file staged once ``abort_marker`` exists
-    (the driver aborted the job meanwhile: this is a killed task) is deleted at once."""
+    ``plan.publish`` says; no file for no rows (the temporary file is created with the first
+    row). If ``abort_marker`` exists (the driver aborted the job: this is a task Spark is
+    killing, or one whose worker started late) once the temporary file is created, or once
+    the file is staged, the file is deleted at once and RuntimeError raised."""
     host = socket.gethostname()
     if not os.path.isdir(plan.spool_dir):
         raise FileNotFoundError(
@@ -264,6 +276,13 @@ def write_partition(
                 continue
             if writer is None:
                 writer = SpoolWriter(plan.spool_dir, file_name, replace=True)
+                # Checked after the file exists, not before: the abort creates the marker
+                # before it lists the directory, so either its sweep sees this file or this
+                # check sees the marker. A file created after the sweep would otherwise stay
+                # for good if Spark kills the worker before it ends (it does, 2 s after it
+                # kills the task).
+                if _aborted(abort_marker):
+                    raise RuntimeError(f"ferry: {file_name} not written: {_ABORTED}")
             try:
                 for body, count in _encode_batch(plan, batch):
                     writer.write_block(body, count)
@@ -275,13 +294,12 @@ def write_partition(
         if writer is not None:
             writer.abort()
         raise
-    if staged and path is not None and abort_marker is not None and os.path.exists(abort_marker):
+    if staged and path is not None and _aborted(abort_marker):
         # The driver's abort() creates the marker before it deletes the job's staged files,
         # so a file staged after that sweep is seen here, and one staged before it is swept.
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        raise RuntimeError(f"ferry: {file_name} not kept: the job was aborted while this task "
-                           "was still writing (Spark kills the running tasks of a failed job)")
+        raise RuntimeError(f"ferry: {file_name} not kept: {_ABORTED}")
     return FerryCommitMessage(path=path, host=host, rows=rows, name=file_name, group=group,
                               staged=staged and path is not None)
 
@@ -658,10 +676,11 @@ class FerryBatchWriter(DataSourceArrowWriter):
 
     @property
     def abort_marker(self) -> str:
-        """Created by abort() (publish mode "driver"): a task that stages its file after the
-        job was aborted deletes it. A dot-file, like the leftovers (the agent ignores it, and
-        deletes it as a stale temporary file a day later); a rerun with the same jobId
-        removes it on the driver before its tasks start (``prepare``)."""
+        """Created by abort() (publish mode "driver"): a task that creates or stages its file
+        after the job was aborted deletes it. A dot-file, like the leftovers (the agent
+        ignores it, and deletes it as a stale temporary file, after an hour by default); a
+        rerun with the same jobId removes it on the driver before its tasks start
+        (``prepare``)."""
         return os.path.join(self.plan.spool_dir, f".{self.group}aborted")
 
     def prepare(self) -> None:
@@ -684,8 +703,9 @@ class FerryBatchWriter(DataSourceArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """The job failed: delete every temporary and staged file of this job that this host
-        sees (mode "driver": nothing of the job is published). Tasks Spark is still killing
-        may stage files after this; the abort marker makes them delete those. In mode "task"
+        sees (mode "driver": nothing of the job is published). Tasks Spark is still killing,
+        or whose Python worker begins only now, may create or stage files after this; the
+        abort marker, created before the sweep, makes them delete those. In mode "task"
         finished tasks' files are already published: rerun with the same ``jobId`` so that
         they are rewritten, not duplicated."""
         if self.plan.publish == "driver" and os.path.isdir(self.plan.spool_dir):

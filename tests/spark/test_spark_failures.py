@@ -28,8 +28,9 @@ import pyarrow as pa
 import pytest
 from pyspark import TaskContext
 from pyspark.errors import PySparkException
-from pyspark.sql import SparkSession
-from pyspark.sql.functions import col, pandas_udf
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.datasource import WriterCommitMessage
+from pyspark.sql.functions import col, expr, lit, pandas_udf, raise_error, when
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryException
 
 from spark_writer import FerryBatchWriter, FerryCommitMessage, FerryDataSource
@@ -256,3 +257,110 @@ def test_stream_a_failed_micro_batch_leaves_nothing_and_one_failing_once_each_ro
     )
     assert values(spool_dir) == expected(range(3 * per_file))
     assert not_ready(spool_dir) == []
+
+
+# A job whose partition 1 fails on every attempt in the JVM (raise_error in the projection that
+# feeds the writer), not in Python; each row's value is faults.value(id).
+JVM_FAILURE = "injected JVM failure"
+
+
+def jvm_failing(spark: SparkSession, rows: int, fail_at: int | None) -> DataFrame:
+    value_column = expr("cast(rpad(concat('v', cast(id AS string), '-'), 200, 'x') AS binary)")
+    if fail_at is not None:
+        value_column = when(col("id") == fail_at, raise_error(lit(JVM_FAILURE))).otherwise(
+            value_column
+        )
+    return spark.range(0, rows, numPartitions=2).select(value_column.alias("value"))
+
+
+class LateWriter(FerryBatchWriter):
+    """Partition 0 of job "late" begins only once the driver's abort has swept the spool
+    directory (a Python worker that forks and imports slowly on a busy host: its input, already
+    in the socket, reaches it after the abort), and is still writing its partition when Spark
+    kills its worker (the task of a failed job is killed, and its Python worker
+    ``spark.python.task.killTimeout``, 2 s, later). In the spool directory's parent it leaves
+    ``late-pid`` (its process), ``late-batches`` (a line per batch it read) and, however
+    write() ends short of being killed, ``late-ended``; the driver's abort leaves
+    ``late-swept`` once it has returned."""
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> FerryCommitMessage:
+        ctx = TaskContext.get()
+        assert ctx is not None
+        if self.job_id != "late" or ctx.partitionId() != 0:
+            return super().write(iterator)
+        state = Path(self.plan.spool_dir).parent
+        (state / "late-pid").write_text(str(os.getpid()))
+
+        def slow() -> Iterator[pa.RecordBatch]:
+            for batch in iterator:
+                with (state / "late-batches").open("a") as f:
+                    f.write(f"{batch.num_rows}\n")
+                yield batch
+                # The writer has its first batch (and so its file) and wants the next one:
+                # it is still at it when Spark kills this worker.
+                wait_until(lambda: False, timeout=60, message="Spark killing this worker")
+
+        try:
+            wait_until((state / "late-swept").exists, timeout=60, message="the driver's abort")
+            return super().write(slow())
+        finally:
+            (state / "late-ended").touch()
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        super().abort(messages)
+        (Path(self.plan.spool_dir).parent / f"{self.job_id}-swept").touch()
+
+
+class LateWriterSource(FerryDataSource):
+    batch_writer = LateWriter
+
+    @classmethod
+    def name(cls) -> str:
+        return "ferry_late_writer"
+
+
+def process_gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie counts: it runs no more code)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_driver_mode_a_job_failing_in_the_jvm_leaves_no_temporary_file_of_a_late_task(
+    spark: SparkSession, spool_dir: Path, tmp_path: Path, small_batches: None
+) -> None:
+    """The second job of the session fails in the JVM (raise_error in partition 1) while the
+    Python writer of partition 0 has not begun yet; it begins after the driver's abort, with
+    rows to write, and would still be writing when Spark kills its worker (which left its
+    0-byte temporary file behind). No temporary file of the failed job may be left."""
+    rows = 4000
+    spark.dataSource.register(LateWriterSource)
+
+    def save(df: DataFrame, job_id: str) -> None:
+        df.write.format("ferry_late_writer").option("topic", "t").option(
+            "jobId", job_id
+        ).mode("append").save(str(spool_dir))
+
+    save(jvm_failing(spark, rows, None), "first")  # the session's earlier, successful job
+    assert values(spool_dir) == expected(range(rows))
+    first = sorted(p.name for p in list_ready_files(spool_dir))
+    assert not_ready(spool_dir) == []
+
+    spark.sparkContext.setJobGroup("ferry-late", "a job that fails in the JVM")
+    with pytest.raises(PySparkException, match=JVM_FAILURE):
+        save(jvm_failing(spark, rows, fail_at=rows // 2 + 100), "late")
+    # The late writer runs after the exception reached us: wait until it has ended, by
+    # returning or raising (late-ended) or by being killed (its process gone), and until
+    # Spark counts no task of the job as running.
+    pid = int(wait_until((tmp_path / "late-pid").read_text, timeout=60,
+                         message="partition 0's writer started", ignore=(FileNotFoundError,)))
+    wait_until(lambda: (tmp_path / "late-ended").exists() or process_gone(pid), timeout=60,
+               message="the late writer done")
+    wait_until(lambda: no_running_tasks(spark, "ferry-late"), timeout=30,
+               message="no task of the failed job running")
+    # It did get rows after the abort: the case this test is about happened.
+    assert (tmp_path / "late-batches").read_text().split()[0] == "250"
+    assert not_ready(spool_dir) == [".spark-late-aborted"]
+    assert sorted(p.name for p in list_ready_files(spool_dir)) == first

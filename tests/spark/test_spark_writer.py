@@ -547,7 +547,7 @@ def test_stream_writes_micro_batches_and_a_replayed_batch_overwrites(
 
 def test_a_task_staging_after_the_abort_deletes_its_file(tmp_path: Path) -> None:
     """Spark does not wait for the tasks it kills before the driver's abort: a task that
-    stages its file after the abort's sweep finds the abort marker and deletes the file."""
+    stages its file once the abort has begun (its marker exists) deletes the file itself."""
     from pyspark.sql.types import StringType, StructField, StructType
 
     schema = StructType([StructField("value", StringType())])
@@ -555,16 +555,29 @@ def test_a_task_staging_after_the_abort_deletes_its_file(tmp_path: Path) -> None
                               "job-1")
     batch = pa.record_batch([pa.array(["a", "b"])], names=["value"])
 
-    def stage() -> FerryCommitMessage:
-        return write_partition(writer.plan, iter([batch]), writer.file_name(0), writer.group,
-                               writer.abort_marker)
+    def stage(batches: Iterator[pa.RecordBatch] | None = None) -> FerryCommitMessage:
+        return write_partition(writer.plan, batches or iter([batch]), writer.file_name(0),
+                               writer.group, writer.abort_marker)
 
     early = stage()  # staged before the abort: the abort's sweep deletes it
     assert early.staged and early.path is not None and os.path.exists(early.path)
     writer.abort([None])
     assert os.listdir(tmp_path) == [".spark-job-1-aborted"]
+    with pytest.raises(RuntimeError, match="not written: the job was aborted"):
+        stage()  # begun after it: the task deletes its temporary file itself
+    assert os.listdir(tmp_path) == [".spark-job-1-aborted"]
+
+    writer.prepare()
+    assert os.listdir(tmp_path) == []
+
+    def abort_begins_meanwhile() -> Iterator[pa.RecordBatch]:
+        yield batch
+        # The abort's marker appears while the task writes, and its sweep lists the
+        # directory before the file is staged (here: never).
+        Path(writer.abort_marker).touch()
+
     with pytest.raises(RuntimeError, match="not kept: the job was aborted"):
-        stage()  # staged after it: the task deletes it itself
+        stage(abort_begins_meanwhile())  # staged after it: the task deletes it itself
     assert os.listdir(tmp_path) == [".spark-job-1-aborted"]
 
     writer.prepare()  # a rerun with the same job id, on the driver before its tasks
@@ -573,3 +586,31 @@ def test_a_task_staging_after_the_abort_deletes_its_file(tmp_path: Path) -> None
     writer.commit([late])
     assert os.listdir(tmp_path) == ["spark-job-1-00000.ferry"]
     assert [r.value for r in read_all(tmp_path)] == [b"a", b"b"]
+
+
+def test_a_task_beginning_its_file_after_the_abort_deletes_it_before_reading_on(
+    tmp_path: Path,
+) -> None:
+    """A task whose Python worker begins after the abort's sweep (Spark kills the tasks of a
+    failed job, and their workers, 2 s later, without waiting) must not keep its temporary file
+    while it writes: if its worker is killed meanwhile, nothing deletes the file. Once the
+    file exists the task finds the abort marker, and deletes it before it reads on."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    schema = StructType([StructField("value", StringType())])
+    writer = FerryBatchWriter(plan_write(schema, {"path": str(tmp_path), "topic": "t"}, False),
+                              "job-2")
+    writer.abort([None])
+    batch = pa.record_batch([pa.array(["a", "b"])], names=["value"])
+    while_writing: list[list[str]] = []
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        yield batch
+        while_writing.append(sorted(os.listdir(tmp_path)))  # where a kill would find it
+        yield batch
+
+    with pytest.raises(RuntimeError, match="not written: the job was aborted"):
+        write_partition(writer.plan, batches(), writer.file_name(0), writer.group,
+                        writer.abort_marker)
+    assert while_writing == []
+    assert os.listdir(tmp_path) == [".spark-job-2-aborted"]
