@@ -5,7 +5,7 @@ sort by acceptance time (the CDAP TMS row-key idea, seed 002). Ids are allocated
 write transaction from a counter stored in the same environment, so they are unique and
 increasing across processes and restarts even if the clock steps back.
 
-Records are stored by id (store.py, ``records``). A message's handle, which the forwarder
+Records are stored by id (``records``: layout.py). A message's handle, which the forwarder
 passes back to delete it, is ``topic NUL id``: NUL cannot occur in a Kafka topic name.
 """
 
