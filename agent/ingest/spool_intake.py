@@ -42,6 +42,7 @@ from agent.buffer import codec
 from agent.buffer.codec import encode_spool_block
 from agent.buffer.committer import ShuttingDown
 from agent.buffer.store import BufferFull, BufferUnavailable, InvalidGroup
+from agent.buffer.weight import RECORD_OVERHEAD_BYTES
 from agent.ingest.spool_seen import Seen, decide, probe_for
 from agent.metrics import Registry
 from agent.records import Record, Source
@@ -626,8 +627,9 @@ class SpoolIntake:
 
 # A run of one topic's messages, encoded under the given topic generation.
 _Run = tuple[str, list[bytes], int]
-# Bytes counted per message on top of its value when capping a batch (as _batches does).
-_WEIGHT = 64
+# Bytes counted per message on top of its value when capping a batch: the committer's own
+# figure, so a batch sized here is never held back there.
+_WEIGHT = RECORD_OVERHEAD_BYTES
 
 
 class _Pause:
@@ -728,7 +730,7 @@ def _batches(
         key = r.key
         batch.append(Record(r.topic, r.value, key, r.partition_key, r.timestamp_ms or now_ms,
                             r.headers, key is not None and r.partition_key is None))
-        weight += len(r.value) + 64
+        weight += len(r.value) + _WEIGHT
         if len(batch) >= size or weight >= max_bytes:
             yield batch, last + 1
             batch = []
