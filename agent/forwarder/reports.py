@@ -31,7 +31,7 @@ class Reports(LoopState):
         purge: set[tuple[str, str]] = set()
         acked_ids: list[bytes] = []  # ids (or topic NUL id handles) a cluster acknowledged
         for topic, st in [(t, st) for t, st in self._topics.items() if st.sink]:
-            self._handlevalue_reports(topic, st, purge, acked_ids)
+            self._handle_sink_reports(topic, st, purge, acked_ids)
             worked = True
         if self._reports:
             self._handle_flight_reports(purge, acked_ids)
@@ -54,8 +54,8 @@ class Reports(LoopState):
     def _has_reports(self) -> bool:
         return bool(self._reports) or any(st.sink for st in self._topics.values())
 
-    def _handlevalue_reports(self, topic: str, st: TopicState,
-                              purge: set[tuple[str, str]], acked_ids: list[bytes]) -> None:
+    def _handle_sink_reports(self, topic: str, st: TopicState,
+                             purge: set[tuple[str, str]], acked_ids: list[bytes]) -> None:
         """The reports of ``topic``'s common-path sends (_send_values), all to the local
         cluster. An acknowledged message goes into its run for the batched delete straight
         from the report, columns at a time; only a failed one becomes a Flight, and then
