@@ -228,7 +228,7 @@ class ForwarderConfig(_Section):
     # Until then librdkafka keeps it queued in order: per-key order within a cluster holds
     # across any outage shorter than this.
     message_timeout_ms: int = Field(default=300_000, ge=1000)
-    # The forwarder process, restarted when it dies (agent/supervision.py): after a crash,
+    # The forwarder process, restarted when it dies (agent/daemon/supervision.py): after a crash,
     # wait restart_backoff_seconds, doubling per crash up to restart_backoff_max_seconds; a
     # run of restart_healthy_seconds resets that. restart_max_crashes crashes in a row with
     # no healthy run between them stop the agent with exit code 1 (0: never give up).

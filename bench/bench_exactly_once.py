@@ -42,7 +42,7 @@ from confluent_kafka import Consumer, TopicPartition  # noqa: E402
 
 from agent.buffer.store import Store  # noqa: E402
 from agent.config import load_config  # noqa: E402
-from agent.daemon import Agent  # noqa: E402
+from agent.daemon.agent import Agent  # noqa: E402
 from agent.metrics import Registry  # noqa: E402
 from agent.records import Record  # noqa: E402
 from ferry_client import FerryClient  # noqa: E402

@@ -46,8 +46,8 @@ from agent.config import FerryConfig, ForwarderConfig, TopicConfig, load_config 
 from agent.forwarder.clusters import producer_config  # noqa: E402
 from agent.forwarder.forwarder import Forwarder  # noqa: E402
 from agent.forwarder.process import GC_GEN0_THRESHOLD  # noqa: E402
-from agent.gc_tuning import freeze_startup_heap  # noqa: E402
 from agent.metrics import Registry  # noqa: E402
+from agent.process.gc_tuning import freeze_startup_heap  # noqa: E402
 from agent.records import Record  # noqa: E402
 from tests.agent_harness import write_config  # noqa: E402
 

@@ -76,8 +76,8 @@ def serve(root: str, conn: Connection, linger_ms: float | None = None,
     from agent.config import FerryConfig
     from agent.ingest.http.app import create_app
     from agent.ingest.http.server import HttpServer
+    from agent.ingest.runtime import Phase, Runtime
     from agent.metrics import Registry
-    from agent.runtime import Phase, Runtime
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if switch_interval is not None:

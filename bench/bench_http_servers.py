@@ -60,9 +60,9 @@ _CONTENT_LENGTH = re.compile(rb"content-length: *(\d+)", re.IGNORECASE)
 # -- the agents ----------------------------------------------------------------------------
 def agent_main(config_path: str, candidate: str, conn: Connection) -> None:
     """One agent whose HTTP stage is ``candidate``; answers "drain"/"stop" on ``conn``."""
-    import agent.daemon as daemon
+    import agent.daemon.agent as daemon
     from agent.config import load_config
-    from agent.daemon import Agent
+    from agent.daemon.agent import Agent
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if candidate != "ferry":

@@ -42,7 +42,7 @@ import hostspeed  # noqa: E402  (bench/, the script's own directory)
 from brokers import add_broker_option, start_broker  # noqa: E402
 
 from agent.config import ForwarderConfig, load_config  # noqa: E402
-from agent.daemon import Agent  # noqa: E402
+from agent.daemon.agent import Agent  # noqa: E402
 from agent.metrics import Registry  # noqa: E402
 from ferry_client import FerryClient  # noqa: E402
 from ferry_client.wire import encode_any_partition  # noqa: E402

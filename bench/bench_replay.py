@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.buffer import keys  # noqa: E402
-from agent.cli import main  # noqa: E402
+from agent.cli.main import main  # noqa: E402
 from agent.forwarder.discard_log import Discard, DiscardLog  # noqa: E402
 from agent.records import Record  # noqa: E402
 

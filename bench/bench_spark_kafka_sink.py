@@ -61,7 +61,7 @@ from pyspark.sql.functions import pandas_udf  # noqa: E402
 
 import spark_writer  # noqa: E402
 from agent.config import load_config  # noqa: E402
-from agent.daemon import Agent  # noqa: E402
+from agent.daemon.agent import Agent  # noqa: E402
 from agent.metrics import Registry  # noqa: E402
 from spool import list_ready_files  # noqa: E402
 from tests.agent_harness import write_config  # noqa: E402

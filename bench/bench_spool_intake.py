@@ -29,9 +29,9 @@ import hostspeed  # noqa: E402  (bench/, the script's own directory)
 from agent.buffer.committer import Committer  # noqa: E402
 from agent.buffer.store import Store  # noqa: E402
 from agent.config import BufferConfig, FerryConfig, SpoolConfig  # noqa: E402
+from agent.ingest.runtime import Runtime  # noqa: E402
 from agent.ingest.spool_intake import SpoolIntake  # noqa: E402
 from agent.metrics import Registry  # noqa: E402
-from agent.runtime import Runtime  # noqa: E402
 from spool.format import SpoolRecord  # noqa: E402
 from spool.writer import SpoolWriter  # noqa: E402
 

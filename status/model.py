@@ -151,7 +151,7 @@ def info(view: View, ctx: Context) -> dict[str, Any]:
 
 
 def memory(view: View) -> dict[str, Any]:
-    """The agent's own memory apart from the buffer's mapped pages (agent/memory.py).
+    """The agent's own memory apart from the buffer's mapped pages (agent/process/memory.py).
 
     Both processes map the same buffer file, so its resident pages are one set of physical
     pages: the total is the larger of the two, not the sum."""

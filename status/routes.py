@@ -42,7 +42,7 @@ from starlette.routing import BaseRoute, Route
 
 from agent import __version__
 from agent.buffer import keys
-from agent.runtime import Runtime
+from agent.ingest.runtime import Runtime
 from status import model
 from status.history import DEFAULT_INTERVAL, DEFAULT_KEEP, History, Sampler
 from status.prometheus import Exporter, FerryCollector

@@ -24,7 +24,7 @@ from typing import Any, Self
 
 from agent.buffer.store import Store
 from agent.config import load_config
-from agent.daemon import Agent
+from agent.daemon.agent import Agent
 from agent.metrics import Registry
 from tests.kafka import free_port
 from tests.waiting import wait_until
@@ -105,7 +105,7 @@ class AgentProcess:
         log = self.log_path.open("ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.cli", "run", "--config", str(self.config_path)],
+            [sys.executable, "-m", "agent.cli.main", "run", "--config", str(self.config_path)],
             stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env,
             start_new_session=True,
         )

@@ -1,4 +1,4 @@
-"""What the forwarder signals to the HTTP stage (agent/ack_signal.py), as pure logic: a fake
+"""What the forwarder signals to the HTTP stage (agent/signals/ack.py), as pure logic: a fake
 producer acknowledges (tests/forwarder/test_order.py's fakes); the buffer and the socket are
 real. Acknowledged ids are signalled when their delivery reports come, even while the
 buffer's delete keeps failing; discarded ids once the discard is recorded."""
@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from agent.ack_signal import DELIVERED, DISCARDED, Acks, decode, socket_path
 from agent.buffer.store import BufferUnavailable
 from agent.config import TopicConfig
 from agent.records import Record
+from agent.signals.ack import DELIVERED, DISCARDED, Acks, decode, socket_path
 from tests.forwarder.test_discard_log_full import Acking
 from tests.forwarder.test_failure_paths import Setup, run_until, setup  # noqa: F401
 from tests.forwarder.test_order import FakeCluster

@@ -19,7 +19,7 @@ def ferry(*args: str, stdin: str | None = None, env: dict[str, str] | None = Non
           ) -> subprocess.CompletedProcess[str]:
     import os
 
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], cwd=REPO_ROOT,
+    return subprocess.run([sys.executable, "-m", "agent.cli.main", *args], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=60, input=stdin,
                           env={**os.environ, **(env or {})})
 
@@ -61,7 +61,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def ferry_clean(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], cwd=REPO_ROOT,
+    return subprocess.run([sys.executable, "-m", "agent.cli.main", *args], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=60, env=clean_env(**env))
 
 
@@ -180,7 +180,7 @@ def _purge_on_a_terminal(cfg: Path, topic: str, answer: str) -> tuple[int, str]:
 
     master, slave = pty.openpty()
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "buffer", "--config",
+        proc = subprocess.Popen([sys.executable, "-m", "agent.cli.main", "buffer", "--config",
                                  str(cfg), "purge", topic], cwd=REPO_ROOT, stdin=slave,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         os.write(master, answer.encode() + b"\n")
@@ -234,7 +234,7 @@ def test_send_passes_argument_bytes_that_are_not_utf8_as_they_are(tmp_path: Path
         receiver.bind(str(path))
         receiver.settimeout(30)
         done = subprocess.run(
-            [sys.executable, "-m", "agent.cli", "send", "--socket-path", str(path),
+            [sys.executable, "-m", "agent.cli.main", "send", "--socket-path", str(path),
              "--topic", "t", "--value", b"caf\xe9 \xff", "--key", b"\xfek"],
             cwd=REPO_ROOT, capture_output=True, timeout=60, env=dict(os.environ))
         assert done.returncode == 0, done.stderr
@@ -246,7 +246,7 @@ def test_send_passes_argument_bytes_that_are_not_utf8_as_they_are(tmp_path: Path
 def stand_in_broker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A "tansu" that only listens on its port: all TryOut waits for before it reads the
     config."""
-    from agent import tryout
+    from agent.daemon import tryout
 
     fake = tmp_path / "tansu"
     fake.write_text(
@@ -262,8 +262,8 @@ def stand_in_broker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("stand_in_broker")
 def test_try_out_stops_its_broker_when_the_config_is_invalid(tmp_path: Path) -> None:
     """The broker starts before the config is read; a bad config must not leave it running."""
-    from agent import tryout
     from agent.config import ConfigError
+    from agent.daemon import tryout
 
     bad = tmp_path / "bad.toml"
     bad.write_text('log_level = "loud"\n')
@@ -278,7 +278,7 @@ def test_try_out_ignores_the_hosts_production_config(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from agent import config as config_module
-    from agent import tryout
+    from agent.daemon import tryout
 
     production = tmp_path / "ferry.toml"
     production.write_text('[kafka.remote]\nbootstrap_servers = "prod-remote:9092"\n')
@@ -292,7 +292,7 @@ def test_try_out_ignores_the_hosts_production_config(
 def test_try_out_says_so_at_once_when_its_broker_exits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agent import tryout
+    from agent.daemon import tryout
 
     fake = tmp_path / "tansu"
     fake.write_text(f"#!{sys.executable}\nimport sys\nsys.exit(3)\n")
@@ -310,7 +310,7 @@ def test_try_out_says_so_at_once_when_its_broker_exits(
 def test_try_out_listens_where_ferry_http_listen_says(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agent import tryout
+    from agent.daemon import tryout
     from tests.kafka import free_port
 
     listen = f"127.0.0.1:{free_port()}"
@@ -325,8 +325,8 @@ def test_try_out_on_a_taken_port_says_so_in_one_line_and_stops_its_broker(
 ) -> None:
     import socket
 
-    from agent import tryout
-    from agent.cli import main
+    from agent.cli.main import main
+    from agent.daemon import tryout
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -350,7 +350,7 @@ def test_ferry_run_on_a_taken_port_exits_1_in_one_line_and_leaves_no_forwarder(
     import multiprocessing
     import socket
 
-    from agent.cli import main
+    from agent.cli.main import main
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -373,7 +373,7 @@ def test_the_banner_comes_once_every_listener_is_open(tmp_path: Path) -> None:
     import socket
 
     from agent.config import load_config
-    from agent.daemon import Agent, run_until_signalled
+    from agent.daemon.agent import Agent, run_until_signalled
     from agent.metrics import Registry
 
     config = load_config(write_config(tmp_path, "127.0.0.1:1"))
@@ -391,13 +391,13 @@ def test_the_banner_comes_once_every_listener_is_open(tmp_path: Path) -> None:
 
 
 def test_the_printed_ferry_command_works_as_printed(monkeypatch: pytest.MonkeyPatch) -> None:
-    from agent import tryout
+    from agent.daemon import tryout
 
     monkeypatch.setattr(sys, "argv", [".venv/bin/ferry", "run", "--try-out"])
     monkeypatch.setenv("PATH", "/nonexistent")
     assert tryout.ferry_command() == ".venv/bin/ferry"  # dev/try puts nothing on PATH
     monkeypatch.setattr(sys, "argv", ["-c"])
-    assert tryout.ferry_command() == f"{sys.executable} -m agent.cli"
+    assert tryout.ferry_command() == f"{sys.executable} -m agent.cli.main"
 
 
 def test_help_is_plain_text_and_every_command_says_what_it_does() -> None:

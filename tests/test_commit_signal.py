@@ -1,4 +1,4 @@
-"""The writer's wake-up of an idle forwarder (agent/commit_signal.py): a commit that stored
+"""The writer's wake-up of an idle forwarder (agent/signals/commit.py): a commit that stored
 messages signals, a refused one does not, and an idle forwarder's wait ends on the signal
 and reads a topic it had just found empty. Real buffer, real committer, real sockets; the
 producer is the fake of tests/forwarder/test_order.py (pure logic)."""
@@ -10,10 +10,10 @@ from pathlib import Path
 
 from agent.buffer.committer import Committer
 from agent.buffer.store import Store
-from agent.commit_signal import CommitListener, CommitSender, socket_path
 from agent.config import TopicConfig
 from agent.metrics import Registry
 from agent.records import Record
+from agent.signals.commit import CommitListener, CommitSender, socket_path
 from tests.forwarder.test_failure_paths import Setup, setup  # noqa: F401
 from tests.forwarder.test_order import FakeCluster
 

@@ -1,4 +1,4 @@
-"""agent/daemon.py's supervision of the forwarder process, with the real agent (`ferry run`)
+"""agent/daemon/agent.py's supervision of the forwarder process, with the real agent (`ferry run`)
 and a real forwarder that the test SIGKILLs: restarts back off, a healthy run resets the
 count, and crashes in a row past the limit stop the agent with exit code 1 (for systemd's
 Restart=on-failure), losing nothing that was acknowledged."""
@@ -16,10 +16,10 @@ import pytest
 
 from agent.buffer.store import Store
 from agent.config import load_config
-from agent.daemon import Agent, run_until_signalled
+from agent.daemon.agent import Agent, run_until_signalled
+from agent.ingest.runtime import Phase
 from agent.metrics import Registry
 from agent.records import Record
-from agent.runtime import Phase
 from ferry_client import FerryClient
 from tests.agent_harness import AgentProcess, wait_buffered, write_config
 from tests.kafka import free_port

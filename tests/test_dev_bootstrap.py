@@ -81,7 +81,7 @@ for package in (agent, spool, status, ferry_client):
     for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
         importlib.import_module(info.name)
         count += 1
-from agent.tryout import tansu_binary
+from agent.daemon.tryout import tansu_binary
 print(count, tansu_binary())
 """)
     result = subprocess.run([sys.executable, probe], capture_output=True, text=True,

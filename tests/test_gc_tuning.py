@@ -1,4 +1,4 @@
-"""agent/gc_tuning.py, in a child interpreter: the settings are process-wide."""
+"""agent/process/gc_tuning.py, in a child interpreter: the settings are process-wide."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from tests.agent_harness import REPO_ROOT
 
 PROBE = """
 import gc, json
-from agent.gc_tuning import freeze_startup_heap
+from agent.process.gc_tuning import freeze_startup_heap
 before = gc.get_threshold()
 freeze_startup_heap(50_000)
 after_first = (gc.get_threshold(), gc.get_freeze_count())

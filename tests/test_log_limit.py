@@ -1,4 +1,4 @@
-"""Rate-limited warnings (agent/log_limit.py): a line a minute per key, and the next line
+"""Rate-limited warnings (agent/process/log_limit.py): a line a minute per key, and the next line
 says how many were left out, so a long outage is a few lines, with nothing hidden."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from agent.log_limit import LogLimit
+from agent.process.log_limit import LogLimit
 
 
 class Clock:

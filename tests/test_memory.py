@@ -1,12 +1,12 @@
-"""agent/memory.py: the agent's own memory told apart from the buffer's mapped pages."""
+"""agent/process/memory.py: the agent's own memory told apart from the buffer's mapped pages."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from agent import memory
 from agent.buffer.store import Corrupt, Store
+from agent.process import memory
 from agent.records import Record
 
 SMAPS = b"""\

@@ -28,12 +28,13 @@ NOT_YET: frozenset[str] = frozenset({
 
 # Literals equal to a word that do not name a reason: (module, word) -> what they are.
 NOT_A_REASON: dict[tuple[str, str], str] = {
-    ("agent/runtime.py", "starting"): "Phase.STARTING's value (the /ready reason is the phase)",
+    ("agent/ingest/runtime.py", "starting"):
+        "Phase.STARTING's value (the /ready reason is the phase)",
     ("agent/ingest/http/openapi.py", "starting"): "the phase enum of the Ready schema",
     ("agent/ingest/http/openapi.py", "generation"): "a field of the Deleted schema",
     ("agent/ingest/http/management.py", "generation"): "a field of DELETE /topics/{name}'s answer",
     ("agent/forwarder/discard_log.py", "attempts"): "a field of a discard-log line",
-    ("agent/replay.py", "attempts"): "a field of a discard-log line",
+    ("agent/cli/replay.py", "attempts"): "a field of a discard-log line",
 }
 # A word may be a metric's name as well (buffer_full, the gauge): as a call's positional
 # argument to these it is the metric, not the reason.
@@ -215,7 +216,7 @@ def test_the_checks_find_what_they_are_for() -> None:
         'MetricDef("buffer_full", "gauge", "1 while full")\n')
     assert literal_reasons(good, "x.py") == []
     assert [f.line for f in literal_reasons(ast.parse('x = {"attempts": 1}'),
-                                            "agent/replay.py")] == []
+                                            "agent/cli/replay.py")] == []
     missing = ast.parse("from agent.reasons import TTL, NO_SUCH\nx = reasons.NOPE\n")
     assert sorted(f.line for f in unknown_names(missing, "x.py")) == [1, 2]
 

@@ -11,12 +11,12 @@ import pytest
 
 from agent.buffer import keys
 from agent.buffer.store import Store, StoredMessage
-from agent.cli import main
+from agent.cli.main import main
+from agent.cli.replay import COUNT, INDEX, PREFIX, REMEMBER_DAYS, _ReplayLock, limit, prune
+from agent.cli.replay import replay as run_replay
 from agent.config import FerryConfig, load_config
 from agent.forwarder.discard_log import Discard, DiscardLog
 from agent.records import REPLAYED, Record
-from agent.replay import COUNT, INDEX, PREFIX, REMEMBER_DAYS, _ReplayLock, limit, prune
-from agent.replay import replay as run_replay
 from tests.agent_harness import REPO_ROOT, write_config
 from tests.waiting import wait_until
 
@@ -213,7 +213,7 @@ def test_a_replay_killed_half_way_then_run_again_puts_back_each_message_once(
     config.buffer.path.mkdir(parents=True)
     Store(config.buffer.path, config.buffer.max_bytes).close()
 
-    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "replay", str(log),
+    proc = subprocess.Popen([sys.executable, "-m", "agent.cli.main", "replay", str(log),
                              "--config", str(cfg)], cwd=REPO_ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -1,4 +1,4 @@
-"""agent/supervision.py: back-off, its decay after a healthy run, and the give-up rule.
+"""agent/daemon/supervision.py: back-off, its decay after a healthy run, and the give-up rule.
 
 Pure logic: ``run`` is a scripted list of how each run ended, and sleeping only records the
 wait. The daemon with a real forwarder that is SIGKILLed is tests/test_daemon.py's.
@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from agent.supervision import Exit, GaveUp, RestartPolicy, supervise
+from agent.daemon.supervision import Exit, GaveUp, RestartPolicy, supervise
 
 POLICY = RestartPolicy(backoff=0.5, backoff_max=4.0, healthy_after=60.0, max_crashes=5)
 

@@ -103,7 +103,7 @@ class Committer:
     ) -> None:
         self.store = store
         # Called on the writer thread after a commit that stored messages (the daemon
-        # wakes the forwarder with it: agent/commit_signal.py).
+        # wakes the forwarder with it: agent/signals/commit.py).
         self.committed = committed
         self.registry = registry
         self.max_pending_bytes = max_pending_bytes

@@ -16,11 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from agent.ack_signal import AckSender
-from agent.ack_signal import socket_path as ack_socket_path
 from agent.buffer.store import Store
-from agent.commit_signal import listen as listen_for_commits
-from agent.commit_signal import socket_path as commit_socket_path
 from agent.config import FerryConfig, TopicConfig
 from agent.forwarder.cluster_watch import ClusterWatch
 from agent.forwarder.clusters import Cluster
@@ -37,8 +33,12 @@ from agent.forwarder.send import Sending
 from agent.forwarder.stuck_topics import StuckTopics
 from agent.forwarder.transactions import ExactlyOnce
 from agent.forwarder.trouble import Trouble
-from agent.log_limit import LogLimit
 from agent.metrics import REGISTRY, Registry
+from agent.process.log_limit import LogLimit
+from agent.signals.ack import AckSender
+from agent.signals.ack import socket_path as ack_socket_path
+from agent.signals.commit import listen as listen_for_commits
+from agent.signals.commit import socket_path as commit_socket_path
 
 # Acknowledged and discarded messages leave the buffer in one fsynced transaction per this
 # many seconds or DELETE_BATCH_MESSAGES, whichever comes first. Nothing waits on the delete
@@ -65,9 +65,9 @@ class Forwarder(Reading, Routing, Sending, Reports, Retries, StuckTopics, Leavin
     ) -> None:
         self.config = config
         self.store = store
-        # Tells the HTTP stage that outcomes were recorded (agent/ack_signal.py).
+        # Tells the HTTP stage that outcomes were recorded (agent/signals/ack.py).
         self._ack_signal = AckSender(ack_socket_path(config.buffer.path))
-        # New commits wake the idle loop at once (agent/commit_signal.py).
+        # New commits wake the idle loop at once (agent/signals/commit.py).
         self._commits = listen_for_commits(commit_socket_path(config.buffer.path))
         self.registry = registry
         self.discard_log = discard_log or DiscardLog(config.discard_log_path,
@@ -150,7 +150,7 @@ class Forwarder(Reading, Routing, Sending, Reports, Retries, StuckTopics, Leavin
         if self._commits is not None and not any(st.sending for st in self._topics.values()):
             # No delivery report to wait for (acknowledged messages waiting for their
             # batched delete wait for nothing): wait for the next commit instead, and read
-            # every topic when it comes (agent/commit_signal.py).
+            # every topic when it comes (agent/signals/commit.py).
             if self._commits.wait(timeout):
                 for st in self._topics.values():
                     st.drained_at = 0.0

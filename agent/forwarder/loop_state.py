@@ -30,9 +30,7 @@ from typing import Any, TypeGuard
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from agent.ack_signal import AckSender
 from agent.buffer.store import Corrupt, Outcome, Store, StoredMessage
-from agent.commit_signal import CommitListener
 from agent.config import FerryConfig, TopicConfig
 from agent.forwarder.clusters import Cluster
 from agent.forwarder.discard_log import Discard, DiscardLog
@@ -42,8 +40,10 @@ from agent.forwarder.partitioner import TopicLayout
 from agent.forwarder.topic_state import TopicState
 from agent.forwarder.transactions import ExactlyOnce
 from agent.forwarder.trouble import Trouble
-from agent.log_limit import LogLimit
 from agent.metrics import Registry
+from agent.process.log_limit import LogLimit
+from agent.signals.ack import AckSender
+from agent.signals.commit import CommitListener
 
 # The forwarder's one logger, under the name it always had: log settings and alerts name it.
 log = logging.getLogger("agent.forwarder.forwarder")

@@ -22,19 +22,19 @@ from typing import Any
 from agent.buffer.store import Store
 from agent.config import FerryConfig, TopicConfig
 from agent.forwarder.forwarder import Forwarder
-from agent.gc_tuning import freeze_startup_heap
-from agent.logs import setup_logging
 from agent.metrics import REGISTRY
+from agent.process.gc_tuning import freeze_startup_heap
+from agent.process.logs import setup_logging
 from agent.topics import TopicCatalog
 
 log = logging.getLogger(__name__)
 
 SNAPSHOT_INTERVAL = 0.25
-# The young-generation GC threshold of this process (agent/gc_tuning.py). The forwarder makes
-# a few container objects per message and holds tens of thousands in flight; with CPython's
-# defaults the collector's walks took ~20 % of its thread. bench_forwarder.py (300,000
-# messages, 2 vCPUs): 16.1 us per message with the defaults, 12.8 with the startup heap
-# frozen and 10,000, 12.4 with 50,000 (collections: 3,260 -> 159 -> 3).
+# The young-generation GC threshold of this process (agent/process/gc_tuning.py). The
+# forwarder makes a few container objects per message and holds tens of thousands in
+# flight; with CPython's defaults the collector's walks took ~20 % of its thread.
+# bench_forwarder.py (300,000 messages, 2 vCPUs): 16.1 us per message with the defaults, 12.8
+# with the startup heap frozen and 10,000, 12.4 with 50,000 (collections: 3,260 -> 159 -> 3).
 GC_GEN0_THRESHOLD = 50_000
 
 

@@ -47,7 +47,7 @@ class Reports(LoopState):
 
     def _signal_acknowledged(self, acked: list[bytes]) -> None:
         """The one place that tells the HTTP stage which messages a cluster acknowledged:
-        201s waiting for these are answered now (agent/ack_signal.py), whether or not the
+        201s waiting for these are answered now (agent/signals/ack.py), whether or not the
         buffer's delete has committed yet. Called once the reports' outcomes are recorded."""
         self._ack_signal.send(acked)
 

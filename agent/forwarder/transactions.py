@@ -105,7 +105,7 @@ class ExactlyOnce:
     ) -> None:
         fwd = config.forwarder
         # Tells the HTTP stage which messages were committed (delivered) or discarded, as
-        # the forwarder's loop does for the other topics (agent/ack_signal.py): a 201
+        # the forwarder's loop does for the other topics (agent/signals/ack.py): a 201
         # waiting for an exactly-once message is answered when its transaction commits.
         self._signal = signal
         self.store = store

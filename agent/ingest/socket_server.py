@@ -26,8 +26,8 @@ from agent.buffer.store import EncodedGroup
 from agent.config import FerryConfig, TopicConfig
 from agent.ingest import datagram
 from agent.ingest.gil import lower_switch_interval
-from agent.log_limit import LogLimit
 from agent.metrics import REGISTRY, Registry
+from agent.process.log_limit import LogLimit
 from agent.records import Source
 
 log = logging.getLogger(__name__)

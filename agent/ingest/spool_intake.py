@@ -43,10 +43,10 @@ from agent.buffer.codec import encode_spool_block
 from agent.buffer.committer import ShuttingDown
 from agent.buffer.store import BufferFull, BufferUnavailable, InvalidGroup
 from agent.buffer.weight import RECORD_OVERHEAD_BYTES
+from agent.ingest.runtime import Runtime
 from agent.ingest.spool_seen import Seen, decide, probe_for
 from agent.metrics import Registry
 from agent.records import Record, Source
-from agent.runtime import Runtime
 from spool.format import EXTENSION, SpoolFormatError, SpoolRecord
 from spool.reader import (
     BinarySpoolReader,

@@ -23,7 +23,7 @@ import threading
 from typing import Any
 
 from agent.ingest.http.app import FerryApp, create_app
-from agent.runtime import Runtime
+from agent.ingest.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +91,9 @@ class GranianStage:
         # The same process-wide tuning HttpServer.start() makes, so the comparison is of
         # the servers alone: the GIL switch interval lowered for the writer thread's sake,
         # the startup heap frozen out of garbage collections (agent/ingest/http/server.py).
-        from agent.gc_tuning import freeze_startup_heap
         from agent.ingest.gil import SWITCH_INTERVAL, lower_switch_interval
         from agent.ingest.http.server import GC_GEN0_THRESHOLD
+        from agent.process.gc_tuning import freeze_startup_heap
 
         lower_switch_interval(SWITCH_INTERVAL)
         freeze_startup_heap(GC_GEN0_THRESHOLD)

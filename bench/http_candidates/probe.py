@@ -44,8 +44,8 @@ class Target:
     def __init__(self, candidate: str) -> None:
         from agent.buffer.committer import Committer
         from agent.buffer.store import Store
+        from agent.ingest.runtime import Phase, Runtime
         from agent.metrics import Registry
-        from agent.runtime import Phase, Runtime
         from tests.http.harness import make_config
         from tests.kafka import free_port
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.daemon import Agent
+from agent.daemon.agent import Agent
 from ferry_client import FerryHttp, PublishFailed, PublishRejected, publish
 from tests.agent_harness import running_agent
 from tests.kafka import Broker, consume_all, create_topic, free_port

@@ -100,7 +100,7 @@ def health_messages(doc: dict[str, Any]) -> list[str]:
 def ferry_status(agent: AgentProcess) -> tuple[int, str]:
     """``ferry status`` against the agent: its Nagios exit code and what it printed."""
     done = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "status", "--url", agent.http_url],
+        [sys.executable, "-m", "agent.cli.main", "status", "--url", agent.http_url],
         capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
     return done.returncode, done.stdout + done.stderr
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from agent.buffer.store import Store, StoredMessage
 from agent.config import load_config
-from agent.daemon import Agent
+from agent.daemon.agent import Agent
 from agent.forwarder.discard_log import Discard, DiscardLog
 from agent.metrics import Registry
 from agent.records import Record
@@ -46,7 +46,7 @@ def test_ttl_expiry_goes_to_the_discard_log_and_replay_delivers_it(
 
         broker.start()
         done = subprocess.run(
-            [sys.executable, "-m", "agent.cli", "replay", str(config.discard_log_path),
+            [sys.executable, "-m", "agent.cli.main", "replay", str(config.discard_log_path),
              "--config", str(cfg_path)], cwd=REPO_ROOT, capture_output=True, text=True,
             timeout=60)
         assert done.returncode == 0, done.stderr
@@ -63,7 +63,7 @@ def test_ttl_expiry_goes_to_the_discard_log_and_replay_delivers_it(
         # The same file again puts nothing back and counts nothing; one more message,
         # replayed from another file, is the point at which to look: counted 6, not 11.
         again = subprocess.run(
-            [sys.executable, "-m", "agent.cli", "replay", str(config.discard_log_path),
+            [sys.executable, "-m", "agent.cli.main", "replay", str(config.discard_log_path),
              "--config", str(cfg_path)], cwd=REPO_ROOT, capture_output=True, text=True,
             timeout=60)
         assert again.returncode == 0, again.stderr
@@ -73,7 +73,7 @@ def test_ttl_expiry_goes_to_the_discard_log_and_replay_delivers_it(
         DiscardLog(one_more).write([Discard("ttl", unique_topic, "00" * 12, 1, Record(
             unique_topic, b"new", key=b"k9", partition_key=0))])
         assert subprocess.run(
-            [sys.executable, "-m", "agent.cli", "replay", str(one_more), "--config",
+            [sys.executable, "-m", "agent.cli.main", "replay", str(one_more), "--config",
              str(cfg_path)], cwd=REPO_ROOT, capture_output=True, timeout=60).returncode == 0
         wait_until(lambda: agent.registry.view().total(
             "messages_accepted", source="replay", topic=unique_topic) >= 6,
@@ -95,7 +95,7 @@ def test_replay_refuses_a_file_that_is_not_a_discard_log(tmp_path: Path) -> None
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"reason": "ttl", "topic": "t", "value": "bm90IGJhc2U2NA=="}\nnot json\n')
     done = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "replay", str(bad), "--config", str(cfg_path)],
+        [sys.executable, "-m", "agent.cli.main", "replay", str(bad), "--config", str(cfg_path)],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert "bad.jsonl:2: not a discard-log line" in done.stderr

@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from agent import ack_signal
 from agent.config import ConfigError, TopicConfig, load_config
 from agent.forwarder.progress import Progress, agent_identity, tag
+from agent.signals import ack as ack_signal
 from ferry_client import FerryClient
 from status.schema import validator
 from tests.agent_harness import AgentProcess, write_config

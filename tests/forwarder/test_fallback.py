@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.config import load_config
-from agent.daemon import Agent
+from agent.daemon.agent import Agent
 from agent.metrics import Registry
 from ferry_client import FerryClient
 from tests.agent_harness import write_config

@@ -245,7 +245,7 @@ def group_cpu_seconds(agent: AgentProcess) -> float:
 
 def ferry_status(agent: AgentProcess) -> tuple[int, str]:
     done = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "status", "--url", agent.http_url],
+        [sys.executable, "-m", "agent.cli.main", "status", "--url", agent.http_url],
         capture_output=True, text=True, timeout=60, cwd=REPO_ROOT,
     )
     return done.returncode, done.stdout + done.stderr

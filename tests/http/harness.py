@@ -18,8 +18,8 @@ from agent.buffer.store import Store, StoredMessage
 from agent.config import FerryConfig
 from agent.ingest.http.app import FerryApp, create_app
 from agent.ingest.http.server import HttpServer
+from agent.ingest.runtime import Phase, Runtime
 from agent.metrics import Registry
-from agent.runtime import Phase, Runtime
 
 
 @dataclass

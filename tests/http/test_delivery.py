@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.ack_signal import DELIVERED, DISCARDED, MAX_IDS, Acks, AckSender, decode, encode
 from agent.ingest.http.delivery import CompletionBridge, DeliveryWatcher
+from agent.signals.ack import DELIVERED, DISCARDED, MAX_IDS, Acks, AckSender, decode, encode
 
 
 class States:

@@ -277,7 +277,7 @@ def test_a_schema_reference_into_the_schema_itself_is_accepted(managed: Served) 
 def test_the_ferry_topics_command_reads_the_token_file(
     serve: Callable[..., Served], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from agent.cli import main
+    from agent.cli.main import main
 
     token_file = tmp_path / "management.token"
     token_file.write_text("cli-token\n")

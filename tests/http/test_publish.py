@@ -16,7 +16,7 @@ import pytest
 from agent.buffer import keys
 from agent.buffer.store import Outcome
 from agent.ingest.http.publish import _id_list
-from agent.runtime import Phase
+from agent.ingest.runtime import Phase
 from tests.http.harness import Served
 from tests.waiting import wait_until
 

@@ -16,7 +16,7 @@ from agent.ingest.http.server import (
     HttpBindError,
     HttpServer,
 )
-from agent.runtime import Phase
+from agent.ingest.runtime import Phase
 from tests.http.harness import Served
 
 

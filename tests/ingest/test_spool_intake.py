@@ -20,10 +20,10 @@ import pytest
 from agent.buffer.committer import Committer
 from agent.buffer.store import Store, StoredMessage
 from agent.config import BufferConfig, FerryConfig, SpoolConfig
-from agent.daemon import Agent
+from agent.daemon.agent import Agent
+from agent.ingest.runtime import Runtime
 from agent.ingest.spool_intake import SpoolIntake
 from agent.metrics import Registry
-from agent.runtime import Runtime
 from spool.format import (
     BLOCK_HEADER,
     FILE_HEADER,

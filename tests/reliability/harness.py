@@ -42,7 +42,7 @@ class Agent(AgentProcess):
         log = self.log_path.open("ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.cli", "run", "--config", str(self.config_path)],
+            [sys.executable, "-m", "agent.cli.main", "run", "--config", str(self.config_path)],
             stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env,
             start_new_session=True, preexec_fn=self._limits(),
         )
@@ -143,7 +143,7 @@ def proc_usage(pid: int) -> ProcUsage | None:
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     if "VmRSS" not in fields:
         return None  # exiting
-    if b"agent.cli" in cmdline:
+    if b"agent.cli.main" in cmdline:
         role = "ingest"
     elif b"resource_tracker" in cmdline:
         role = "helper"

@@ -252,7 +252,7 @@ def test_start_up_without_room_for_the_reserve_fails_with_a_clear_message(
     config = write_config(tmp_path / "agent", "127.0.0.1:1", spool=False,
                           buffer={"path": disk48 / "buffer", "max_bytes": 1024 * MB,
                                   "reserve_bytes": 8 * MB})
-    done = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--config", str(config)],
+    done = subprocess.run([sys.executable, "-m", "agent.cli.main", "run", "--config", str(config)],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stderr
     assert "cannot open the buffer" in done.stderr

@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.functions import pandas_udf
 
 from agent.config import load_config
-from agent.daemon import Agent
+from agent.daemon.agent import Agent
 from agent.metrics import Registry
 from spool import list_ready_files
 from tests.agent_harness import write_config

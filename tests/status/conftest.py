@@ -11,7 +11,7 @@ from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.chrome.webdriver import WebDriver
 
-from agent.daemon import Agent
+from agent.daemon.agent import Agent
 from status.routes import StatusService
 from tests.status.statuskit import Activity, StatusServer, close_agent, make_agent, serve
 

@@ -32,10 +32,10 @@ from agent.config import (
     SocketConfig,
     SpoolConfig,
 )
-from agent.daemon import Agent
+from agent.daemon.agent import Agent
+from agent.ingest.runtime import Phase
 from agent.metrics import Registry
 from agent.records import Record
-from agent.runtime import Phase
 from status.routes import StatusService
 from tests.waiting import wait_until
 

@@ -121,7 +121,7 @@ def test_ferry_status_command_line(status_server: StatusServer) -> None:
     healthy(status_server)
     status_server.activity.accept("orders", 1)
     ferry = Path(sys.executable).with_name("ferry")
-    args = [str(ferry)] if ferry.exists() else [sys.executable, "-m", "agent.cli"]
+    args = [str(ferry)] if ferry.exists() else [sys.executable, "-m", "agent.cli.main"]
     ok = subprocess.run([*args, "status", "--url", status_server.url],
                         capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
     assert ok.returncode == 0, ok.stdout + ok.stderr

@@ -11,7 +11,7 @@ from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 
 from agent import __version__
-from agent.daemon import Agent
+from agent.daemon.agent import Agent
 from ferry_client import FerryClient
 from status.routes import StatusService
 from tests.agent_harness import AgentProcess, write_config

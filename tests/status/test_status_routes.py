@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from agent.buffer import keys
-from agent.daemon import Agent
+from agent.daemon.agent import Agent
 from status import model
 from status.routes import PAGE_CSP, routes
 from status.schema import schema, validator

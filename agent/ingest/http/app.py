@@ -28,8 +28,8 @@ from agent.ingest.http.openapi import openapi_document
 from agent.ingest.http.publish import Publisher
 from agent.ingest.http.ratelimit import retry_after_header
 from agent.ingest.http.routing import publish_target
+from agent.ingest.runtime import Phase, Runtime
 from agent.metrics import Registry
-from agent.runtime import Phase, Runtime
 from agent.topics import TopicCatalog
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ for all the callbacks that arrive before the loop gets to them, not once per cal
 ``DeliveryWatcher`` answers "did Kafka acknowledge these ids within the topic's
 ack_timeout_ms?", which decides 201 over 202. The forwarder runs in another process: it
 sends the ids a cluster acknowledged in datagrams as their delivery reports come, and the ids
-it discarded once they are in the discard log (agent/ack_signal.py); it removes them from
+it discarded once they are in the discard log (agent/signals/ack.py); it removes them from
 the buffer, writing their outcomes to the buffer's tracking table, in batched commits. The
 watcher settles the waits those ids complete right there, on the event loop: a dictionary
 lookup per id, no thread hop, no LMDB read. An id acknowledged
@@ -41,8 +41,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from agent.ack_signal import DELIVERED, AckListener, Acks
 from agent.buffer.store import Store
+from agent.signals.ack import DELIVERED, AckListener, Acks
 
 log = logging.getLogger(__name__)
 

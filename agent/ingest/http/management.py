@@ -33,7 +33,7 @@ from agent.config import TopicConfig
 from agent.ingest.http import auth
 from agent.ingest.http.codecs import BodyError, check_topic, is_json, media_type, parse_json
 from agent.ingest.http.errors import Refusal, error_body
-from agent.runtime import Runtime
+from agent.ingest.runtime import Runtime
 from agent.topics import (
     InvalidTopicName,
     TopicCatalog,

@@ -24,7 +24,6 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from agent import reasons
-from agent.ack_signal import socket_path as ack_socket_path
 from agent.buffer import keys
 from agent.buffer.committer import ShuttingDown
 from agent.buffer.store import BufferFull, BufferUnavailable, InvalidGroup
@@ -42,8 +41,9 @@ from agent.ingest.http.deadlines import BodyDeadlines
 from agent.ingest.http.delivery import CompletionBridge, DeliveryWatcher, Locate, store_locate
 from agent.ingest.http.errors import JSON_CONTENT_TYPE, HttpError
 from agent.ingest.http.ratelimit import RateLimiter
+from agent.ingest.runtime import Phase, Runtime
 from agent.records import Record, Source
-from agent.runtime import Phase, Runtime
+from agent.signals.ack import socket_path as ack_socket_path
 from agent.topics import TopicCatalog, valid_topic
 from ferry_client.topic_names import illegal_topic
 
@@ -94,7 +94,7 @@ class Publisher:
         self.track = runtime.store.track
         self.locate = locate or store_locate(runtime.store)
         self.poll_interval = poll_interval
-        # The forwarder signals recorded acknowledgements here (agent/ack_signal.py); a
+        # The forwarder signals recorded acknowledgements here (agent/signals/ack.py); a
         # test's own ``locate`` has no forwarder behind it: it is polled.
         self.signal_path = (ack_socket_path(runtime.config.buffer.path) if locate is None
                             else None)

@@ -32,11 +32,11 @@ from typing import Any
 
 import uvloop
 
-from agent.gc_tuning import freeze_startup_heap
 from agent.ingest.gil import SWITCH_INTERVAL, lower_switch_interval
 from agent.ingest.http.asgi import AsgiRunner
 from agent.ingest.http.protocol import Connections, DateHeader, HttpProtocol, Limits
-from agent.runtime import Phase, Runtime
+from agent.ingest.runtime import Phase, Runtime
+from agent.process.gc_tuning import freeze_startup_heap
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ class HttpServer:
 
 
 def _tune_gc() -> None:
-    """Process-wide: see agent.gc_tuning and GC_GEN0_THRESHOLD."""
+    """Process-wide: see agent.process.gc_tuning and GC_GEN0_THRESHOLD."""
     freeze_startup_heap(GC_GEN0_THRESHOLD)
 
 

@@ -135,12 +135,12 @@ def _command(
 
 # -- run -----------------------------------------------------------------------------------
 def _run(args: argparse.Namespace) -> int:
-    from agent.daemon import Agent, run_until_signalled
+    from agent.daemon.agent import Agent, run_until_signalled
     from agent.ingest.http.server import HttpBindError
-    from agent.logs import setup_logging
+    from agent.process.logs import setup_logging
 
     if args.try_out:
-        from agent.tryout import TryOut
+        from agent.daemon.tryout import TryOut
 
         with contextlib.ExitStack() as stack:
             try:
@@ -379,7 +379,7 @@ def _topics(args: argparse.Namespace) -> int:
 
 # -- replay --------------------------------------------------------------------------------
 def _replay(args: argparse.Namespace) -> int:
-    from agent.replay import replay
+    from agent.cli.replay import replay
 
     return replay(_config(args), args.file)
 

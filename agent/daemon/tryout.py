@@ -52,7 +52,7 @@ def ferry_command() -> str:
         return "ferry"
     if me.name == "ferry":
         return str(me)
-    return f"{sys.executable} -m agent.cli"
+    return f"{sys.executable} -m agent.cli.main"
 
 
 def _check_port_free(listen: str) -> None:

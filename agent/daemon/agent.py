@@ -3,8 +3,8 @@
 Process layout (docs/design.md explains why): the ingest process runs the socket, HTTP and
 spool sources and the buffer's writer thread; the forwarder runs in a second process that
 opens the same LMDB environment, so neither competes with the other for one GIL. The ingest
-process restarts the forwarder if it dies (agent/supervision.py: back-off, give-up) and merges
-its metrics into the one registry.
+process restarts the forwarder if it dies (supervision.py: back-off, give-up) and merges its
+metrics into the one registry.
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
-from agent import memory
 from agent.buffer.committer import Committer
 from agent.buffer.store import Store
-from agent.commit_signal import CommitSender
-from agent.commit_signal import socket_path as commit_socket_path
 from agent.config import FerryConfig
+from agent.daemon.supervision import Exit, GaveUp, RestartPolicy, supervise
 from agent.forwarder import process as forwarder_process
+from agent.ingest.runtime import Phase, Runtime
 from agent.metrics import REGISTRY, Registry
+from agent.process import memory
 from agent.records import REPLAYED, Source
-from agent.runtime import Phase, Runtime
-from agent.supervision import Exit, GaveUp, RestartPolicy, supervise
+from agent.signals.commit import CommitSender
+from agent.signals.commit import socket_path as commit_socket_path
 
 # Reading /proc/<pid>/smaps is kernel work (tens of µs of Python); memory moves slowly.
 MEMORY_SAMPLE_SECONDS = 5.0
@@ -48,7 +48,7 @@ class Stage(Protocol):
 class ForwarderHandle:
     """The forwarder child process, seen from the ingest process.
 
-    A watch thread relays its metrics and restarts it when it dies, as agent/supervision.py
+    A watch thread relays its metrics and restarts it when it dies, as agent/daemon/supervision.py
     decides; when that gives up, ``on_give_up`` is called with the reason (the Agent then
     stops and the daemon exits non-zero).
     """

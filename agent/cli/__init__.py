@@ -1,0 +1,1 @@
+"""The ``ferry`` command: its parser and subcommands (``main.py``), ``ferry replay``."""

@@ -1,0 +1,1 @@
+"""The daemon: starts, watches and stops the stages (``agent.py``); restarts a dead forwarder."""

@@ -1,0 +1,1 @@
+"""Wake-up signals between the ingest process and the forwarder process (UNIX datagrams)."""
