@@ -3,7 +3,8 @@
 Each line holds everything needed to send the message again (``ferry replay FILE``): topic,
 base64 key and value, partition key, client timestamp, headers, plus why and when it was
 discarded. Lines are fsynced before the buffer deletes the messages, so a crash in between
-leaves a message in both places (replay may duplicate it) but never in neither.
+leaves a message in both places but never in neither (it is discarded and logged again; replay
+puts such a twin back once, agent/cli/replay.py).
 
 The file never holds a broken line: a write the disk cuts short is truncated away at once,
 and a line a crash cut short is cut off before the next write (its messages were still in
