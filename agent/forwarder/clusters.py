@@ -202,13 +202,21 @@ class Cluster:
         with self._lock:
             return sorted(self._used)
 
+    def layout_count(self) -> int:
+        """How many topics' layouts are held: the cluster's topics, and no deleted ones past
+        the next full refresh."""
+        with self._lock:
+            return len(self._layouts)
+
     def forget(self, topic: str) -> None:
         """The forwarder holds nothing of ``topic`` any more: stop listing it among the
         topics it sends to (the probe's diagnosis reads them), so that topics which come
-        and go do not pile up here. Its layout stays: the full metadata refresh keeps every
-        topic of the cluster anyway, and a send looks it up again through ``layout``."""
+        and go do not pile up here. A topic found missing is forgotten too (a send looks it
+        up again through ``layout``); its layout stays until a full refresh no longer lists
+        it (``refresh``)."""
         with self._lock:
             self._used.discard(topic)
+            self._missing.discard(topic)
 
     def known_missing(self, topic: str) -> bool:
         with self._lock:
@@ -246,6 +254,13 @@ class Cluster:
             for name in missing:
                 self._missing.add(name)
                 self._wanted.discard(name)
+            if topic is None:
+                # A full refresh lists every topic of the cluster: a layout it no longer
+                # lists, of a topic the forwarder does not send to, belongs to a deleted
+                # topic, and would otherwise stay for ever (topics that come and go).
+                for name in [n for n in self._layouts
+                             if n not in layouts and n not in self._used]:
+                    del self._layouts[name]
 
     def _metadata_loop(self) -> None:
         next_full = 0.0
