@@ -23,6 +23,7 @@ from agent.buffer.state import StateChange
 from agent.buffer.store import Store
 from agent.buffer.weight import records_weight, runs_weight
 from agent.metrics import REGISTRY, Registry
+from agent.reasons import BUFFER_FULL, DISK_ERROR, DISK_FULL, SPACE
 from agent.records import Record, Source
 
 log = logging.getLogger(__name__)
@@ -39,9 +40,6 @@ FULL_RECHECK_SECONDS = 5.0
 # A refusal episode ends (and is logged as over) once this long has passed without a refusal:
 # near the limit, commits alternate between stored and refused, which must not log each time.
 REFUSING_QUIET_SECONDS = 5.0
-# Refusals that say the buffer (or its disk) has no room, as opposed to bad input.
-_SPACE_REASONS = frozenset({"buffer_full", "disk_full", "disk_error"})
-
 
 class ShuttingDown(Exception):
     """Submitted after ``close()``; nothing was stored."""
@@ -119,7 +117,7 @@ class Committer:
         self._used_at_refusal = 0
         self._refused_at = 0.0
         self._full_by_size = False  # refused for max_bytes (BufferFull), not by the disk
-        self._full_reason = "buffer_full"  # why, while full: buffer_full, disk_full, disk_error
+        self._full_reason = BUFFER_FULL  # why, while full: buffer_full, disk_full, disk_error
         self._refusing = _Refusing()  # the current refusal episode, for the log
         self._thread = threading.Thread(target=self._run, name=f"committer-{name}", daemon=True)
 
@@ -307,22 +305,22 @@ class Committer:
             appended = self.store.append([s.records for s in taken], states=states)
             results = list(appended)
             reasons = {r.reason for r in results if isinstance(r, BufferFull)}
-            full = bool(reasons & _SPACE_REASONS)
-            by_size = "buffer_full" in reasons
+            full = bool(reasons & SPACE)
+            by_size = BUFFER_FULL in reasons
             if full:
                 # The disk's reasons first: they are what an operator has to act on.
-                self._full_reason = min(reasons & _SPACE_REASONS,
-                                        key=("disk_full", "disk_error", "buffer_full").index)
+                self._full_reason = min(reasons & SPACE,
+                                        key=(DISK_FULL, DISK_ERROR, BUFFER_FULL).index)
         except (BufferFull, BufferUnavailable) as exc:
             # The transaction was aborted: nothing of it is on disk. (Logged once per
             # episode by _account, not per commit.)
             results = [exc] * len(taken)
             full = True
-            by_size = exc.reason == "buffer_full"
-            self._full_reason = exc.reason if exc.reason in _SPACE_REASONS else "disk_error"
+            by_size = exc.reason == BUFFER_FULL
+            self._full_reason = exc.reason if exc.reason in SPACE else DISK_ERROR
         except Exception as exc:  # noqa: BLE001 - never let the writer thread die silently
             log.exception("buffer commit failed")
-            results = [BufferUnavailable("disk_error", f"commit failed: {exc}")] * len(taken)
+            results = [BufferUnavailable(DISK_ERROR, f"commit failed: {exc}")] * len(taken)
         elapsed = time.perf_counter() - started
         # Outside the try: the groups' fate is settled; a failure to measure the buffer now
         # must not be reported as a failed commit of groups that are stored.
@@ -364,12 +362,12 @@ class Committer:
                     accepted[k] = accepted.get(k, 0) + 1
             else:
                 reason = result.reason
-                if reason in _SPACE_REASONS and sub.source == Source.SPOOL:
+                if reason in SPACE and sub.source == Source.SPOOL:
                     # Not a rejection: the records wait in their file and the intake retries
                     # (spool_batches_deferred, counted and logged by the intake, once per
                     # attempt and once per pause).
                     continue
-                if reason in _SPACE_REASONS:
+                if reason in SPACE:
                     refused[reason] = refused.get(reason, 0) + len(sub.records)
                     detail = str(result)
                 reg.inc("messages_rejected", len(sub.records), source=sub.source, reason=reason)

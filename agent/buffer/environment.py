@@ -20,6 +20,7 @@ from typing import TypeVar
 
 import lmdb
 
+from agent import reasons
 from agent.buffer.layout import DATABASES, MAX_DBS
 from agent.buffer.refusals import BufferFull, unavailable
 from agent.buffer.space import InsufficientSpace, prepare_lock_file
@@ -69,7 +70,7 @@ class Environment:
             self.release_usage()
             # A new environment's first pages could not be written: say why, clearly.
             refusal = unavailable(exc, path)
-            if refusal.reason == "disk_full" and not readonly:
+            if refusal.reason == reasons.DISK_FULL and not readonly:
                 raise InsufficientSpace(f"cannot create the buffer: {refusal}") from None
             raise
         # A map another process grew is larger than ours: adopt it.

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import lmdb
 
+from agent import reasons
+
 # Less free space than this on the buffer's filesystem when a write fails means "disk full".
 _LOW_DISK_BYTES = 16 * 1024 * 1024
 
@@ -20,7 +22,7 @@ _LOW_DISK_BYTES = 16 * 1024 * 1024
 class BufferFull(Exception):
     """Accepting this would take the buffer past ``buffer.max_bytes``."""
 
-    reason = "buffer_full"  # what messages_rejected counts it as
+    reason = reasons.BUFFER_FULL  # what messages_rejected counts it as
 
 
 class InvalidGroup(BufferFull):
@@ -29,7 +31,7 @@ class InvalidGroup(BufferFull):
     A subclass of BufferFull only so callers that handle refusals keep working; the reason
     counted is ``unencodable`` (agent/reasons.py)."""
 
-    reason = "unencodable"
+    reason = reasons.UNENCODABLE
 
 
 class DiskFull(BufferFull):
@@ -37,7 +39,7 @@ class DiskFull(BufferFull):
     (space.py). Refused before anything was written; accepted again as the buffer drains
     or the filesystem frees up. A BufferFull so callers that handle refusals keep working."""
 
-    reason = "disk_full"
+    reason = reasons.DISK_FULL
 
 
 class BufferUnavailable(Exception):
@@ -62,5 +64,5 @@ def unavailable(exc: lmdb.Error, path: Path | None = None) -> BufferUnavailable:
         except OSError:
             pass
     if full:
-        return BufferUnavailable("disk_full", f"disk full under {path}: {text}")
-    return BufferUnavailable("disk_error", f"buffer write failed: {text}")
+        return BufferUnavailable(reasons.DISK_FULL, f"disk full under {path}: {text}")
+    return BufferUnavailable(reasons.DISK_ERROR, f"buffer write failed: {text}")

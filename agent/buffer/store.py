@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from agent import reasons
 from agent.buffer.appender import Appender, EncodedGroup
 from agent.buffer.capacity import RECORD_OVERHEAD, Capacity
 from agent.buffer.environment import Environment
@@ -186,7 +187,7 @@ class Store:
         if isinstance(result, DiskFull):
             # Raised as the filesystem's refusal, which the spool intake counts by its
             # reason (disk_full) and waits out.
-            raise BufferUnavailable("disk_full", str(result))
+            raise BufferUnavailable(reasons.DISK_FULL, str(result))
         if isinstance(result, BufferFull):
             raise result
         return len(result)
@@ -262,7 +263,7 @@ class Store:
             batch = self.read(topic, None, 5000)
             if not batch:
                 return removed
-            outcomes = [Outcome(m.key, stored_size(m), topic, "discarded", reason="purged")
+            outcomes = [Outcome(m.key, stored_size(m), topic, "discarded", reason=reasons.PURGED)
                         for m in batch]
             removed += sum(self.remove(outcomes))
 

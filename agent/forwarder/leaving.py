@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+from agent import reasons
 from agent.buffer import keys
 from agent.buffer.store import Corrupt, Outcome
 from agent.forwarder.discard_log import Discard
@@ -35,10 +36,10 @@ class Leaving(LoopState):
         log.warning("discarding message %s of %s: %s (%s)", d.message_id, m.topic, reason, detail)
 
     def _discard_corrupt(self, m: Corrupt) -> None:
-        d = Discard("corrupt", m.topic, keys.id_text(m.id), keys.id_timestamp_ms(m.id), None,
+        d = Discard(reasons.CORRUPT, m.topic, keys.id_text(m.id), keys.id_timestamp_ms(m.id), None,
                     raw=m.raw, detail=m.error)
         self._leave(None, Outcome(m.key, len(m.key) + len(m.raw), m.topic, "discarded",
-                                  reason="corrupt"), discard=d)
+                                  reason=reasons.CORRUPT), discard=d)
         log.error("discarding undecodable message %s of %s: %s", d.message_id, m.topic, m.error)
 
     def _leave(self, f: Flight | None, outcome: Outcome, discard: Discard) -> None:

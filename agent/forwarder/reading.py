@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import TypeGuard
 
+from agent import reasons
 from agent.buffer import keys
 from agent.buffer.store import Corrupt, StoredMessage, messages
 from agent.config import TopicConfig
@@ -101,17 +102,17 @@ class Reading(LoopState):
             self._discard_corrupt(m)
             return False
         if m.generation < gen:
-            self._discard(Flight(m, settings), "generation",
+            self._discard(Flight(m, settings), reasons.GENERATION,
                           "the topic was deleted after this message was accepted")
             return False
         r = m.record
         if len(r.value) + (len(r.key) if r.key else 0) > max_size:
             # Sources that cannot refuse at once (spool files) let these through.
-            self._discard(Flight(m, settings), "too_large",
+            self._discard(Flight(m, settings), reasons.TOO_LARGE,
                           f"{r.size} bytes > max_message_bytes={settings.max_message_bytes}")
             return False
         if check_ttl and now_ms - m.accepted_ms > ttl_ms:
-            self._discard(Flight(m, settings), "ttl",
+            self._discard(Flight(m, settings), reasons.TTL,
                           f"older than ttl_seconds={settings.ttl_seconds}")
             return False
         return True
@@ -135,7 +136,7 @@ class Reading(LoopState):
                 if isinstance(m, Corrupt):
                     self._discard_corrupt(m)
                 elif m.accepted_ms < cutoff_ms:
-                    self._discard(Flight(m, settings), "ttl",
+                    self._discard(Flight(m, settings), reasons.TTL,
                                   f"older than ttl_seconds={settings.ttl_seconds}")
                 else:
                     st.expiry_check_at = now + 1.0  # the head is young enough: look again later

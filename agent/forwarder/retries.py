@@ -10,6 +10,7 @@ import time
 
 from confluent_kafka import KafkaError
 
+from agent import reasons
 from agent.buffer import keys
 from agent.forwarder import failures
 from agent.forwarder.flight import LOCAL, REMOTE, Flight
@@ -68,7 +69,7 @@ class Retries(LoopState):
             # one refused the message for good (e.g. the remote cluster's ACLs differ).
             return
         if permanent:
-            self._discard(f, "invalid", f"{cluster}: {error}", in_flight=True)
+            self._discard(f, reasons.INVALID, f"{cluster}: {error}", in_flight=True)
             return
         remote = self.clusters.get(REMOTE)
         # Hermes' fallback: the local send failed, try the remote datacenter at once.
@@ -78,7 +79,7 @@ class Retries(LoopState):
         if attempt:
             f.attempts += 1
         if attempt and f.settings.max_attempts and f.attempts >= f.settings.max_attempts:
-            self._discard(f, "attempts", f"{f.attempts} attempts, last error: {error}",
+            self._discard(f, reasons.ATTEMPTS, f"{f.attempts} attempts, last error: {error}",
                           in_flight=True)
             return
         if attempt:
@@ -119,11 +120,12 @@ class Retries(LoopState):
                     continue
                 worked = True
                 if f.msg.generation < gen:
-                    self._discard(f, "generation", "the topic was deleted after this message "
+                    self._discard(f, reasons.GENERATION, "the topic was deleted after this message "
                                   f"was accepted; last error: {f.last_error}", in_flight=True)
                     continue
                 if now_ms - f.msg.accepted_ms > f.settings.ttl_seconds * 1000:
-                    self._discard(f, "ttl", f"older than ttl_seconds={f.settings.ttl_seconds};"
+                    self._discard(f, reasons.TTL,
+                                  f"older than ttl_seconds={f.settings.ttl_seconds};"
                                   f" last error: {f.last_error}", in_flight=True)
                     continue
                 f.sent_remote = False

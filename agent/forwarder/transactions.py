@@ -25,6 +25,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from agent import reasons
 from agent.buffer import codec, keys
 from agent.buffer.store import Corrupt, DeliveredRun, Outcome, Store, StoredMessage, message
 from agent.config import FerryConfig, TopicConfig
@@ -505,19 +506,20 @@ class ExactlyOnce:
                     ) -> tuple[Discard, Outcome] | None:
         """The discard of a message that must not be sent (the same rules as at-least-once)."""
         if isinstance(m, Corrupt):
-            return (Discard("corrupt", m.topic, keys.id_text(m.id), keys.id_timestamp_ms(m.id),
-                            None, raw=m.raw, detail=m.error),
+            return (Discard(reasons.CORRUPT, m.topic, keys.id_text(m.id),
+                            keys.id_timestamp_ms(m.id), None, raw=m.raw, detail=m.error),
                     Outcome(m.key, len(m.key) + len(m.raw), m.topic, "discarded",
-                            reason="corrupt"))
+                            reason=reasons.CORRUPT))
         r = m.record
         reason = detail = ""
         if m.generation < gen:
-            reason, detail = "generation", "the topic was deleted after this message was accepted"
+            reason = reasons.GENERATION
+            detail = "the topic was deleted after this message was accepted"
         elif len(r.value) + (len(r.key) if r.key else 0) > settings.max_message_bytes:
-            reason = "too_large"
+            reason = reasons.TOO_LARGE
             detail = f"{r.size} bytes > max_message_bytes={settings.max_message_bytes}"
         elif int(time.time() * 1000) - m.accepted_ms > settings.ttl_seconds * 1000:
-            reason, detail = "ttl", f"older than ttl_seconds={settings.ttl_seconds}"
+            reason, detail = reasons.TTL, f"older than ttl_seconds={settings.ttl_seconds}"
         if not reason:
             return None
         log.warning("discarding message %s of %s: %s (%s)", keys.id_text(m.id), m.topic,

@@ -38,6 +38,7 @@ from typing import Any
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
+from agent import reasons
 from agent.buffer import codec
 from agent.buffer.codec import encode_spool_block
 from agent.buffer.committer import ShuttingDown
@@ -312,14 +313,15 @@ class SpoolIntake:
                 if binary and age < CORRUPT_GRACE_SECONDS:
                     self._wake_later(SETTLE_SECONDS)
                     return False  # perhaps still being written in place: look again later
-                self._quarantine(root, path, key, "corrupt", str(exc))
+                self._quarantine(root, path, key, reasons.CORRUPT, str(exc))
                 return False
             except OSError as exc:
                 log.warning("cannot read spool file %s: %s", path, exc)
                 return False
             except Exception as exc:  # noqa: BLE001 - a reader bug must not block the spool
                 log.exception("spool file %s could not be read", path)
-                self._quarantine(root, path, key, "unreadable", f"{type(exc).__name__}: {exc}")
+                self._quarantine(root, path, key, reasons.UNREADABLE,
+                                 f"{type(exc).__name__}: {exc}")
                 return False
             remember: Seen | None = None
             if isinstance(reader, BinarySpoolReader) and self.config.dedup_retention_seconds:
@@ -348,7 +350,7 @@ class SpoolIntake:
         except SpoolFormatError as exc:
             # verify() passed, so the file changed under us; what was committed stays, the
             # rest is quarantined with the index it stopped at.
-            self._quarantine(root, path, key, "corrupt", f"changed while being read: {exc}")
+            self._quarantine(root, path, key, reasons.CORRUPT, f"changed while being read: {exc}")
             return False
         except _Unstorable as exc:
             # The buffer refuses a record of it for good (e.g. a header name it cannot
@@ -646,14 +648,14 @@ class _Pause:
 
     def refused(self, why: BaseException) -> None:
         self.attempts += 1
-        reason = getattr(why, "reason", "buffer_full")
+        reason = getattr(why, "reason", reasons.BUFFER_FULL)
         self.registry.inc("spool_batches_deferred", reason=reason)
         if self.since is None:
             self.since = time.monotonic()
             self.registry.set("spool_intake_paused", 1.0)
             log.warning("spool intake paused: the buffer refused a batch (%s: %s); the file "
                         "waits on disk with its progress, and is retried every 0.5 s",
-                        getattr(why, "reason", "buffer_full"), why)
+                        getattr(why, "reason", reasons.BUFFER_FULL), why)
 
     def ended(self) -> None:
         if self.since is not None:
