@@ -141,9 +141,10 @@ def test_payload_is_relocated_to_opt_ferry_without_build_paths(
 
     # Byte-code ships compiled for its final location (tracebacks name /opt/ferry/...).
     (site,) = venv.glob("lib/python3.*/site-packages")
-    (pyc,) = (site / "agent" / "__pycache__").glob("cli.cpython-*.pyc")
+    (pyc,) = (site / "agent" / "cli" / "__pycache__").glob("main.cpython-*.pyc")
     code = marshal.loads(pyc.read_bytes()[16:])
-    assert code.co_filename == f"/opt/ferry/{(site / 'agent' / 'cli.py').relative_to(venv)}"
+    main = site / "agent" / "cli" / "main.py"
+    assert code.co_filename == f"/opt/ferry/{main.relative_to(venv)}"
 
 
 def test_deb_depends_on_the_c_library_its_compiled_modules_need(packages: Packages,
