@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from agent.buffer import keys
@@ -54,14 +51,6 @@ def test_run_span_counts_the_ids_between_inclusive() -> None:
     assert run_span(keys.make_id(3, 10), keys.make_id(3, 10)) == 1
     assert run_span(keys.make_id(3, 10), keys.make_id(3, 19)) == 10
     assert run_span(keys.make_id(3, MAX_SEQ), keys.make_id(4, 0)) == 2
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Iterator[Environment]:
-    e = Environment(tmp_path / "b", map_cap=64 << 20, initial_map_bytes=1 << 20,
-                    readonly=False)
-    yield e
-    e.close()
 
 
 def test_the_counter_goes_on_from_the_last_id_even_when_the_clock_is_behind(

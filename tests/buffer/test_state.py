@@ -2,21 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from agent.buffer.environment import Environment
 from agent.buffer.state import StateChange, StateKeys, apply_change, write_state
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Iterator[Environment]:
-    e = Environment(tmp_path / "b", map_cap=64 << 20, initial_map_bytes=1 << 20,
-                    readonly=False)
-    yield e
-    e.close()
 
 
 def test_puts_then_deletes_in_one_transaction(env: Environment) -> None:

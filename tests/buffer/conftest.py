@@ -1,0 +1,19 @@
+"""Fixtures the buffer's unit tests share."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.buffer.environment import Environment
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Environment]:
+    """A bare LMDB environment of the buffer's layout, for tests of one room."""
+    e = Environment(tmp_path / "b", map_cap=64 << 20, initial_map_bytes=1 << 20,
+                    readonly=False)
+    yield e
+    e.close()
