@@ -163,6 +163,27 @@ def test_the_same_message_in_another_file_is_not_put_back_again(
     assert buffered(cfg, "other") == [b"x"]
 
 
+def test_a_rewritten_line_is_still_the_message_already_put_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A tool that rewrites the JSON without changing what it says (jq, another serialiser):
+    # keys in another order, other spacing. The message must not go back a second time.
+    cfg = write_config(tmp_path, "127.0.0.1:1", http=False)
+    log = DiscardLog(tmp_path / "d.jsonl")
+    log.write([discard(b"a", 1), discard(b"b", 2)])
+    assert replay(cfg, log.path, capsys)[0] == 0
+    rewritten = tmp_path / "rewritten.jsonl"
+    rewritten.write_text("".join(
+        json.dumps(dict(reversed(list(json.loads(line).items()))), indent=None,
+                   separators=(", ", " : ")) + "\n"
+        for line in log.path.read_text().splitlines()))
+    assert rewritten.read_text() != log.path.read_text()
+    assert replay(cfg, rewritten, capsys) == (
+        0, f"replayed 0 messages from {rewritten} (2 lines; 2 already replayed before, "
+           "skipped)\n")
+    assert buffered(cfg) == [b"a", b"b"]
+
+
 def test_a_bad_line_still_refuses_the_whole_file_and_remembers_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
