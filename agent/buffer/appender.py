@@ -11,7 +11,6 @@ not fit is refused without stopping later, smaller ones.
 from __future__ import annotations
 
 import logging
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -100,8 +99,8 @@ class Appender:
             room = max_bytes - capacity.used(txn) if max_bytes is not None else _UNLIMITED
             disk_room: int | None = None if max_bytes is not None else _UNLIMITED
             per_topic: dict[str, _TopicEntry] = {}
-            # Per accepted group: its index and segments, (topic entry, number of values).
-            accepted: list[tuple[int, list[tuple[_TopicEntry, int]]]] = []
+            # Per accepted group: its index and segments.
+            accepted: list[tuple[int, list[_Segment]]] = []
             results: list[list[bytes] | BufferFull] = []
             # Read before the groups are measured: their ids carry the time they came in.
             counter = IdCounter(txn, env.meta)
@@ -111,7 +110,7 @@ class Appender:
                 else:
                     try:
                         segments, need = self._measure_records(txn, group, per_topic)
-                    except (struct.error, UnicodeEncodeError, OverflowError) as exc:
+                    except codec.UNENCODABLE as exc:
                         results.append(InvalidGroup(f"a record cannot be stored: {exc}"))
                         continue
                 if need > room:
@@ -129,17 +128,19 @@ class Appender:
                     entry.added += len(seg.values)
                     entry.added_bytes += seg.size
                     entry.values += seg.values
-                accepted.append((gi, [(seg.entry, len(seg.values)) for seg in segments]))
+                accepted.append((gi, segments))
                 results.append([])  # its ids, below
             given = self._give_ids(txn, counter, per_topic)
             for gi, group_segments in accepted:
                 ids: list[bytes] = []
-                for entry, n in group_segments:
+                for seg in group_segments:
+                    entry = seg.entry
                     at = entry.handed_out
-                    ids += entry.ids[at:at + n]
-                    entry.handed_out = at + n
+                    entry.handed_out = end = at + len(seg.values)
+                    ids += entry.ids[at:end]
                 results[gi] = ids
-                apply_change(txn, env.state, states[gi] if states is not None else None, ids)
+                if states is not None and (change := states[gi]) is not None:
+                    apply_change(txn, env.state, change, ids)
             if given:
                 counter.save(txn, env.meta)
                 self._counts.adjust(txn, {topic: CountChange(e.added, e.added_bytes)

@@ -33,6 +33,11 @@ _GENERATION = struct.Struct(">I")
 _GENERATION_OFFSET = 2  # after version and flags
 
 
+# What encoding a record that cannot be stored raises (a header name that is not UTF-8
+# encodable, a number out of its field's range): the group is refused (``InvalidGroup``).
+UNENCODABLE = (struct.error, UnicodeEncodeError, OverflowError)
+
+
 class CorruptRecord(Exception):
     """A stored value does not decode; the forwarder discards it as ``corrupt``."""
 
