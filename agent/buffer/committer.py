@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent.buffer.appender import EncodedGroup
+from agent.buffer.generations import GENERATIONS_MAX_AGE
+from agent.buffer.packing import Pack
 from agent.buffer.refusals import BufferFull, BufferUnavailable
 from agent.buffer.state import StateChange
 from agent.buffer.store import Store
@@ -54,6 +56,8 @@ class _Submission:
     state_deletes: Sequence[bytes] = ()
     weight: int = 0
     derive: Callable[[list[bytes]], Mapping[bytes, bytes]] | None = None
+    # A pack (packing.py) and the hand-over it answers: split if it does not fit.
+    pack: tuple[Pack, _Collect] | None = None
 
 
 class _Collect:
@@ -119,6 +123,9 @@ class Committer:
         self._full_by_size = False  # refused for max_bytes (BufferFull), not by the disk
         self._full_reason = BUFFER_FULL  # why, while full: buffer_full, disk_full, disk_error
         self._refusing = _Refusing()  # the current refusal episode, for the log
+        # Topic generations as last read, for packs (submit_groups): when, and what.
+        self._generations_at = -GENERATIONS_MAX_AGE
+        self._generations: dict[str, int] = {}
         self._thread = threading.Thread(target=self._run, name=f"committer-{name}", daemon=True)
 
     def start(self) -> None:
@@ -178,9 +185,11 @@ class Committer:
         For a source that gathers many small requests before handing them over (the HTTP
         event loop, once per loop iteration): one lock, one wake-up of the writer and one
         callback for all of them, instead of one each. Each group is still stored entirely
-        or not at all, on its own: one refused group does not refuse the others. The callback
-        runs on the writer thread once the last group's commit is durable (the groups may span
-        commits), with the results in the order of ``groups``.
+        or not at all, on its own: one refused group does not refuse the others. Groups of
+        one message without state are the exception: they are packed and stored, or refused,
+        together (packing.py says why and what that changes). The callback runs on the writer
+        thread once the last group's commit is durable (the groups may span commits), with
+        the results in the order of ``groups``.
 
         Never waits: returns False at once (nothing queued) when the queue is over
         ``max_pending_bytes``. Raises ShuttingDown after ``close()``.
@@ -188,22 +197,54 @@ class Committer:
         if not groups:
             raise ValueError("submit_groups() needs at least one group")
         collect = _Collect(len(groups), callback)
-        subs = []
+        # Submissions in hand-over order; a pack takes the place of its first group.
+        subs: list[_Submission | Pack] = []
         total = 0
+        pack: Pack | None = None
+        generations = self._topic_generations()
         for i, (records, derive) in enumerate(groups):
+            if derive is None and len(records) == 1:
+                if pack is None or len(pack) >= self.max_batch_messages:
+                    pack = Pack()
+                    subs.append(pack)
+                record = records[0]
+                if pack.add(i, record, generations.get(record.topic, 0)):
+                    continue
             weight = records_weight(records)
             total += weight
             subs.append(_Submission(records, source, functools.partial(collect, i), None, (),
                                     weight, derive))
+        queued: list[_Submission] = []
+        for sub in subs:
+            if isinstance(sub, Pack):
+                if not sub:
+                    continue  # its one message could not be encoded: a group of its own
+                total += sub.weight
+                sub = _Submission(sub.group(), source, functools.partial(sub.fan_out, collect),
+                                  None, (), sub.weight, pack=(sub, collect))
+            queued.append(sub)
         with self._cond:
             if self._closed:
                 raise ShuttingDown("the buffer is closing")
             if self._pending_bytes > self.max_pending_bytes:
                 return False
-            self._pending += subs
+            self._pending += queued
             self._pending_bytes += total
             self._cond.notify_all()
         return True
+
+    def _topic_generations(self) -> dict[str, int]:
+        """The buffer's topic generations, read at most every GENERATIONS_MAX_AGE (what a
+        pack encodes under; a stale one is re-encoded in the transaction)."""
+        now = time.monotonic()
+        if now - self._generations_at > GENERATIONS_MAX_AGE:
+            try:
+                self._generations = self.store.generations()
+            except Exception as exc:  # noqa: BLE001 - the commit reports a disk really gone
+                log.warning("could not read topic generations (using the last known): %s",
+                            exc)
+            self._generations_at = now
+        return self._generations
 
     def submit_encoded(
         self, group: EncodedGroup, source: str, callback: Callback | None = None
@@ -332,6 +373,7 @@ class Committer:
                 self._used_at_refusal = self.store.used_bytes()
             except Exception:  # noqa: BLE001 - readiness falls back to the time re-check
                 self._used_at_refusal = 0
+        taken, results = self._split_refused_packs(taken, results)
         self._account(taken, results, elapsed)
         if self.committed is not None and any(type(r) is list and r for r in results):
             self.committed()
@@ -341,6 +383,30 @@ class Committer:
                     sub.callback(result)
                 except Exception:  # noqa: BLE001 - a bad callback must not stop the writer
                     log.exception("commit callback failed")
+
+    def _split_refused_packs(self, taken: list[_Submission], results: list[Result]
+                             ) -> tuple[list[_Submission], list[Result]]:
+        """Packs refused for room go back to the queue's front, a group per message, for the
+        next commit: near the limit, those that fit are stored, as they would have been
+        without packing. The rest of ``taken``, with their results."""
+        kept: list[tuple[_Submission, Result]] = []
+        retry: list[_Submission] = []
+        for sub, result in zip(taken, results, strict=True):
+            if sub.pack is not None and isinstance(result, BufferFull) and len(sub.pack[0]) > 1:
+                pack, collect = sub.pack
+                for index, group in pack.split():
+                    retry.append(_Submission(group, sub.source,
+                                             functools.partial(collect, index), None, (),
+                                             runs_weight(group.runs)))
+            else:
+                kept.append((sub, result))
+        if not retry:
+            return taken, results
+        with self._cond:
+            self._pending[:0] = retry
+            self._pending_bytes += sum(s.weight for s in retry)
+            self._cond.notify_all()
+        return [sub for sub, _ in kept], [result for _, result in kept]
 
     def _account(self, taken: list[_Submission], results: list[Result], elapsed: float) -> None:
         reg = self.registry

@@ -10,6 +10,12 @@ from agent.buffer.environment import Environment
 from agent.buffer.layout import GEN_PREFIX
 from agent.buffer.state import StateKeys
 
+# Sources that encode messages before the writer thread does (the datagram socket, the
+# committer's packs: packing.py) encode under their topic's generation as last read, at most
+# this long ago. The buffer re-encodes a group whose topic was deleted or recreated since,
+# so a stale view costs a copy, never a message sent under the wrong generation.
+GENERATIONS_MAX_AGE = 1.0
+
 
 def generation_in(txn: lmdb.Transaction, state: lmdb._Database, topic: str) -> int:
     """``topic``'s generation as this transaction sees it (what an append encodes under)."""

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from agent import reasons
 from agent.buffer.committer import Committer, Result, ShuttingDown
+from agent.buffer.generations import GENERATIONS_MAX_AGE
 from agent.buffer.store import EncodedGroup
 from agent.config import FerryConfig, TopicConfig
 from agent.ingest import datagram
@@ -44,10 +45,6 @@ DATAGRAM_OVERHEAD = 65536  # header, sizes and the longest legal topic name, wit
 # at a time. bench_pipeline.py (2 vCPUs, 4096-datagram queue): 2000 gave commit p50 10-20 ms
 # and 83,000-107,000 msg/s accepted, 500 gave p50 5 ms and 97,000-113,000 msg/s.
 BATCH = 500
-# Datagrams are encoded under their topic's generation as the receiving thread knew it; the
-# buffer re-encodes a group whose topic was deleted or recreated since, so a stale view costs
-# a copy, never a message sent under the wrong generation.
-GENERATIONS_MAX_AGE = 1.0
 
 
 class SocketServer:
