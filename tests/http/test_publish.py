@@ -15,7 +15,8 @@ import pytest
 
 from agent.buffer import keys
 from agent.buffer.store import Outcome
-from agent.ingest.http.publish import _id_list
+from agent.ingest.http.errors import JSON_CONTENT_TYPE
+from agent.ingest.http.publish import _id_list, _response, header_pairs
 from agent.ingest.runtime import Phase
 from tests.http.harness import Served
 from tests.waiting import wait_until
@@ -521,3 +522,21 @@ def test_every_message_received_is_accepted_or_rejected(serve: Callable[..., Ser
 ])
 def test_a_batch_answer_lists_each_id_as_its_hex_text(ids: list[bytes]) -> None:
     assert json.loads(b"[" + _id_list(ids) + b"]") == [keys.id_text(i) for i in ids]
+
+
+def test_a_publish_answer_is_rendered_once_and_reads_back_as_the_same_headers() -> None:
+    status, headers, body = _response([bytes(12)], False, False, True)
+    assert status == 202 and isinstance(headers, bytes)
+    mid = b"0" * 24
+    assert body == b'{"id":"' + mid + b'","delivered":false}'
+    # What the ASGI path sends (header_pairs) is what the server writes for a direct publish.
+    assert header_pairs(headers) == [
+        (b"content-type", JSON_CONTENT_TYPE), (b"content-length", b"%d" % len(body)),
+        (b"ferry-message-id", mid), (b"hermes-message-id", mid),
+        (b"idempotent-replayed", b"true")]
+    status, headers, body = _response([bytes(12), b"\x01" * 12], True, True, False)
+    assert status == 201
+    assert header_pairs(headers) == [(b"content-type", JSON_CONTENT_TYPE),
+                                     (b"content-length", b"%d" % len(body))]
+    pairs = [(b"retry-after", b"1")]
+    assert header_pairs(pairs) is pairs

@@ -52,7 +52,7 @@ import httptools
 
 from agent import reasons
 from agent.ingest.http.errors import HttpError
-from agent.ingest.http.publish import Reply
+from agent.ingest.http.publish import Headers, Reply
 from agent.ingest.http.routing import PREFIX, publish_target
 
 log = logging.getLogger(__name__)
@@ -93,8 +93,16 @@ EXACT_LIMIT_FROM = 64 * 1024
 # Bytes of a chunked body that are not the body (chunk sizes, extensions, CRLFs, trailers)
 # allowed per chunk, on top of http.max_header_bytes for the trailer section (issue #29 E).
 CHUNK_FRAMING_BYTES = 64
+# Targets up to this long are remembered by _topic_target (a legal topic name is at most 249
+# characters; longer ones, which cannot publish, are not worth the memory).
+_REMEMBERED_TARGET_BYTES = 512
 # The only transfer coding Ferry reads (RFC 9112 §6.1: anything else is 501).
 _CHUNKED = b"chunked"
+# The request header fields the protocol itself reads (on_headers_complete), by name.
+_LENGTH, _HOST, _ENCODING, _EXPECT, _CODING = range(5)
+_FRAMING_FIELDS = {b"content-length": _LENGTH, b"host": _HOST,
+                   b"content-encoding": _ENCODING, b"expect": _EXPECT,
+                   b"transfer-encoding": _CODING}
 
 
 class Limits:
@@ -273,7 +281,6 @@ class HttpProtocol(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.head_bytes = 0  # header bytes read while the headers were incomplete
         self.head_parsed = 0  # header bytes the parser handed over
-        self.head_count = 0
         self.tail = b""
         self.eof = False  # the client shut its sending side: answer what came, then close
         self.write_timer: asyncio.TimerHandle | None = None
@@ -291,7 +298,7 @@ class HttpProtocol(asyncio.Protocol):
                             "later", retry_after=1.0, close=True)
             self.closed = self.stopped = True
             body = err.body()
-            transport.write(self._head(503, err.headers(body), False) + body)
+            transport.write(self._head(503, err.headers(body), False)[0] + body)
             transport.close()
             return
         self.connections.set_idle(self)
@@ -463,7 +470,7 @@ class HttpProtocol(asyncio.Protocol):
             raise _Stop()
         self.request = Request()
         self.parsing = "headers"
-        self.head_bytes = self.head_parsed = self.head_count = 0
+        self.head_bytes = self.head_parsed = 0
 
     def on_url(self, url: bytes) -> None:
         if self.resuming:
@@ -478,21 +485,21 @@ class HttpProtocol(asyncio.Protocol):
                                    reason=reasons.URI_TOO_LONG, close=True))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self.resuming:
-            return
         request = self.request
-        assert request is not None
-        self.head_count += 1
-        if self.head_count > self.limits.headers:
-            raise _Fatal(HttpError(431, reasons.HEADERS_TOO_LARGE,
-                                   f"more than {self.limits.headers} header fields "
-                                   "(http.max_headers)", reason=reasons.HEADERS_TOO_LARGE,
-                                   close=True))
+        if request is None or self.resuming:
+            return
+        headers = request.headers
+        headers.append((name.lower(), value))
         # Headers that arrived in one read never pass _head_fits: counted here as well.
-        self.head_parsed += len(name) + len(value) + 4
-        if self.head_parsed > self.limits.header_bytes:
-            raise _Fatal(_headers_too_large(self.limits))
-        request.headers.append((name.lower(), value))
+        parsed = self.head_parsed = self.head_parsed + len(name) + len(value) + 4
+        limits = self.limits
+        if len(headers) > limits.headers or parsed > limits.header_bytes:
+            if len(headers) > limits.headers:
+                raise _Fatal(HttpError(431, reasons.HEADERS_TOO_LARGE,
+                                       f"more than {limits.headers} header fields "
+                                       "(http.max_headers)", reason=reasons.HEADERS_TOO_LARGE,
+                                       close=True))
+            raise _Fatal(_headers_too_large(limits))
 
     def on_headers_complete(self) -> None:
         if self.resuming:
@@ -511,15 +518,18 @@ class HttpProtocol(asyncio.Protocol):
         expect = False
         hosts = 0
         for name, value in request.headers:
-            if name == b"content-length":
+            field = _FRAMING_FIELDS.get(name)
+            if field is None:
+                continue
+            if field == _LENGTH:
                 length = value.strip()
-            elif name == b"content-encoding":
-                request.encoding = value.strip().lower()
-            elif name == b"expect":
-                expect = value.strip().lower() == b"100-continue"
-            elif name == b"host":
+            elif field == _HOST:
                 hosts += 1
-            elif name == b"transfer-encoding":
+            elif field == _ENCODING:
+                request.encoding = value.strip().lower()
+            elif field == _EXPECT:
+                expect = value.strip().lower() == b"100-continue"
+            else:
                 coding = value if coding is None else coding + b"," + value
         version = parser.get_http_version()
         if not version.startswith("1."):
@@ -596,20 +606,13 @@ class HttpProtocol(asyncio.Protocol):
         url = request.url
         if not url.startswith(_TOPICS):
             return
-        path = url.split(b"?", 1)[0].split(b"#", 1)[0]
-        rest = path[len(_TOPICS):]
-        if b"%" in rest and b"%2f" in rest.lower():
-            raise _Fatal(HttpError(400, reasons.INVALID_TOPIC,
-                                   "a topic name cannot hold a slash, encoded (%2F) or not",
-                                   reason=reasons.INVALID_TOPIC, close=True))
-        if request.method != b"POST":
+        # Clients publish to a few targets over and over: the common ones are remembered.
+        target = (_topic_target(url) if len(url) <= _REMEMBERED_TARGET_BYTES
+                  else _topic_target.__wrapped__(url))
+        if request.method != b"POST" or target is None:
             return
-        target = publish_target(path.decode("latin-1"))
-        if target is None:
-            return
-        raw, batch = target
-        topic = _unquote(raw.encode("latin-1")) if "%" in raw else raw
-        request.topic, request.batch, request.publish = topic, batch, True
+        request.topic, request.batch = target
+        request.publish = True
         # Read up to the batch limit; the topic's own limit is looked up only for a body
         # over it (rare), and Publisher.direct checks it exactly in any case.
         request.limit = self.read_limit
@@ -662,7 +665,7 @@ class HttpProtocol(asyncio.Protocol):
         body = error.body()
         self._answer(request, error.status, error.headers(body), body)
 
-    def _answer(self, request: Request, status: int, headers: list[tuple[bytes, bytes]],
+    def _answer(self, request: Request, status: int, headers: Headers,
                 body: bytes) -> None:
         """Write ``request``'s answer (one write); then the next request, or the wait."""
         if request is not self.current:
@@ -670,15 +673,13 @@ class HttpProtocol(asyncio.Protocol):
         self.current = None
         if self.closed:
             return  # stored or not, nobody is there to hear it
-        keep_alive = request.keep_alive and not self.connections.stopping
-        for name, _ in headers:
-            if name == b"connection":  # only ever "close" (errors.py)
-                keep_alive = False
+        head, keep_alive = self._head(status, headers,
+                                      request.keep_alive and not self.connections.stopping)
         if request.method == b"HEAD":
             body = b""
         transport = self.transport
         assert transport is not None
-        transport.write(self._head(status, headers, not keep_alive) + body)
+        transport.write(head + body)
         if not keep_alive:
             # Linger only while the client may still send: after its EOF nothing more comes,
             # and waiting LINGER_SECONDS for it would hold the connection for nothing.
@@ -699,18 +700,25 @@ class HttpProtocol(asyncio.Protocol):
         self.connections.set_idle(self)
         self._arm()
 
-    def _head(self, status: int, headers: list[tuple[bytes, bytes]], close: bool) -> bytes:
+    def _head(self, status: int, headers: Headers, keep_alive: bool) -> tuple[bytes, bool]:
+        """The status line and headers of an answer, and whether the connection stays open
+        after it: not if ``keep_alive`` is False (then it says ``connection: close``) or if
+        ``headers`` say ``connection`` (only ever "close": errors.py; rendered headers never
+        do)."""
         out = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status,
                self.date.get()]
         said_close = False
-        for name, value in headers:
-            if name == b"connection":
-                said_close = True
-            out += (name, b": ", value, b"\r\n")
-        if close and not said_close:
+        if isinstance(headers, bytes):
+            out.append(headers)
+        else:
+            for name, value in headers:
+                if name == b"connection":
+                    said_close = True
+                out += (name, b": ", value, b"\r\n")
+        if not keep_alive and not said_close:
             out.append(b"connection: close\r\n")
         out.append(b"\r\n")
-        return b"".join(out)
+        return b"".join(out), keep_alive and not said_close
 
     def _linger(self) -> None:
         """Close after a refusal while the client may still be sending (a body or headers
@@ -806,6 +814,24 @@ def _origin_form(url: bytes) -> bytes:
     if slash < 0 or 0 <= query < slash:
         return b"/" + rest[query:] if query >= 0 else b"/"
     return rest[slash:]
+
+
+@functools.lru_cache(maxsize=1024)
+def _topic_target(url: bytes) -> tuple[str, bool] | None:
+    """``(topic, batch)`` of a POST to ``url`` (a target under ``/topics/``), the topic
+    percent-decoded; None when ``url`` does not publish. An encoded slash is refused (400)
+    whatever the method."""
+    path = url.split(b"?", 1)[0].split(b"#", 1)[0]
+    rest = path[len(_TOPICS):]
+    if b"%" in rest and b"%2f" in rest.lower():
+        raise _Fatal(HttpError(400, reasons.INVALID_TOPIC,
+                               "a topic name cannot hold a slash, encoded (%2F) or not",
+                               reason=reasons.INVALID_TOPIC, close=True))
+    target = publish_target(path.decode("latin-1"))
+    if target is None:
+        return None
+    raw, batch = target
+    return (_unquote(raw.encode("latin-1")) if "%" in raw else raw), batch
 
 
 def _unquote(raw: bytes) -> str:

@@ -161,7 +161,8 @@ class Publisher:
         except Exception as exc:  # noqa: BLE001 - refusals, and bugs (500, logged)
             status, headers, answer = self._refused(exc, topic)
         self.counters.add_key(_REQUESTS[batch][status])
-        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.start", "status": status,
+                    "headers": header_pairs(headers)})
         await send({"type": "http.response.body", "body": answer})
 
     # -- direct: no ASGI -------------------------------------------------------------------
@@ -281,7 +282,7 @@ class Publisher:
         reply(status, headers, body)
 
     # -- the steps -------------------------------------------------------------------------
-    def _received(self, outcome: _Outcome) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    def _received(self, outcome: _Outcome) -> tuple[int, Headers, bytes]:
         """Count a stored (or replayed) request's messages as received; its answer."""
         status, headers, body, n = outcome
         # Every message a client hands over is received, then accepted or rejected.
@@ -289,7 +290,7 @@ class Publisher:
         return status, headers, body
 
     def _refused(self, exc: BaseException, topic: str
-                 ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+                 ) -> tuple[int, Headers, bytes]:
         """Count a refusal (``HttpError``) or a bug (answered 500, logged); its answer."""
         if isinstance(exc, HttpError):
             body = exc.body()
@@ -339,18 +340,20 @@ class Publisher:
         kafka_headers: list[tuple[str, bytes]] = []
         allow = self.allowlist
         for name, value in raw_headers:
-            if name == b"content-type":
+            field = _FIELDS.get(name)
+            if field is None:
+                if allow and name in allow:
+                    kafka_headers.append((allow[name], value))
+            elif field == _CTYPE:
                 request.ctype = value
-            elif name == b"content-length":
+            elif field == _LENGTH:
                 length = value
-            elif name == b"partition-key":
+            elif field == _PKEY:
                 request.pkey = value
-            elif name == b"ferry-partition-key":
+            elif field == _FPK:
                 request.fpk = value
-            elif name == b"idempotency-key":
+            else:
                 request.ikey = value
-            elif allow and name in allow:
-                kafka_headers.append((allow[name], value))
         if kafka_headers:
             request.kafka_headers = tuple(kafka_headers)
 
@@ -376,12 +379,14 @@ class Publisher:
     def _records(self, request: _Request, body: bytes) -> list[Record]:
         """The body, checked and converted for the topic, as records."""
         topic, batch, settings = request.topic, request.batch, request.settings
-        media = media_type(request.ctype)
         try:
             codec = self.codecs.get(settings)
         except ValueError as exc:
             raise HttpError(500, "topic_misconfigured",
                             f"topic {topic!r} cannot take messages: {exc}") from None
+        # A binary topic stores a single message's body as it came, whatever its type.
+        media = (None if codec.content_type == "binary" and not batch
+                 else media_type(request.ctype))
         try:
             values = codec.batch(media, body) if batch else [codec.single(media, body)]
         except BodyError as exc:
@@ -408,6 +413,8 @@ class Publisher:
         headers = request.kafka_headers
         partition_key = request.partition_key
         hash_key = pkey is not None
+        if n == 1:
+            return [Record(topic, values[0], pkey, partition_key, ts, headers, hash_key)]
         return [Record(topic, v, pkey, partition_key, ts, headers, hash_key) for v in values]
 
     def _rate_limit(self, request: _Request, n: int) -> None:
@@ -560,7 +567,7 @@ class Publisher:
     async def _replay(
         self, topic: str, state_key: bytes, fingerprint: str, settings: TopicConfig,
         batch: bool, n: int
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
+    ) -> tuple[int, Headers, bytes] | None:
         self._bind()
         while (gate := self._inflight.get(state_key)) is not None:
             await asyncio.shield(gate)  # the same key is being stored right now: its answer
@@ -576,7 +583,7 @@ class Publisher:
         return await self._answer(topic, entry.ids, settings, batch, replayed=True)
 
     async def _answer(self, topic: str, ids: list[bytes], settings: TopicConfig, batch: bool,
-                      replayed: bool = False) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+                      replayed: bool = False) -> tuple[int, Headers, bytes]:
         # At most MAX_ACK_TIMEOUT_MS: a bound of TopicConfig (agent/config.py).
         timeout_ms = settings.ack_timeout_ms
         if timeout_ms <= 0 or not self.track:
@@ -587,26 +594,43 @@ class Publisher:
 
 
 def _response(ids: list[bytes], batch: bool, delivered: bool, replayed: bool
-              ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    """Status, headers and body of a publish that stored (or had stored) ``ids``."""
+              ) -> tuple[int, Headers, bytes]:
+    """Status, headers (rendered: the answer to every publish) and body of a publish that
+    stored (or had stored) ``ids``."""
     status = 201 if delivered else 202
     flag = b"true" if delivered else b"false"
     if batch:
         body = (b'{"ids":[' + _id_list(ids) + b'],"count":' + str(len(ids)).encode()
                 + b',"delivered":' + flag + b"}")
-        headers = [(b"content-type", JSON_CONTENT_TYPE),
-                   (b"content-length", str(len(body)).encode())]
+        headers = _BATCH_HEADERS % len(body)
     else:
         mid = keys.id_text(ids[0]).encode()
         body = b'{"id":"' + mid + b'","delivered":' + flag + b"}"
-        headers = [(b"content-type", JSON_CONTENT_TYPE),
-                   (b"content-length", str(len(body)).encode()),
-                   (b"ferry-message-id", mid), (b"hermes-message-id", mid)]
+        headers = _SINGLE_HEADERS % (len(body), mid, mid)
     if replayed:
-        headers.append((b"idempotent-replayed", b"true"))
+        headers += b"idempotent-replayed: true\r\n"
     return status, headers, body
 
 
+_BATCH_HEADERS = b"content-type: " + JSON_CONTENT_TYPE + b"\r\ncontent-length: %d\r\n"
+_SINGLE_HEADERS = _BATCH_HEADERS + b"ferry-message-id: %s\r\nhermes-message-id: %s\r\n"
+
+
+def header_pairs(headers: Headers) -> list[tuple[bytes, bytes]]:
+    """``headers`` as (name, value) pairs (ASGI's form), rendered or not."""
+    if not isinstance(headers, bytes):
+        return headers
+    pairs = []
+    for line in headers.split(b"\r\n"):
+        if line:
+            name, _, value = line.partition(b": ")
+            pairs.append((name, value))
+    return pairs
+
+
+# An answer's headers: (name, value) pairs, or already rendered as "name: value\r\n" lines
+# (a stored publish's, never ``connection``: rendering them once is a tenth of the answer).
+Headers = list[tuple[bytes, bytes]] | bytes
 _Derive = Callable[[list[bytes]], dict[bytes, bytes]]
 # Hand-over outcomes that are not the writer's: its queue was full, it is closed, or the
 # hand-over itself failed (a bug; answered 500).
@@ -614,9 +638,9 @@ _OVERLOADED = object()
 _CLOSING = object()
 _FAILED = object()
 # An answer (status, headers, body), and how many messages it counts as received.
-_Outcome = tuple[int, list[tuple[bytes, bytes]], bytes, int]
+_Outcome = tuple[int, Headers, bytes, int]
 # How the server sends a direct publish's answer: reply(status, headers, body).
-Reply = Callable[[int, list[tuple[bytes, bytes]], bytes], None]
+Reply = Callable[[int, Headers, bytes], None]
 
 
 def _resolve(dones: list[Callable[[Any], None]], results: list[Any]) -> None:
@@ -688,6 +712,10 @@ class _Disconnected(Exception):
 
 
 _INTEGER = re.compile(rb"[+-]?[0-9]{1,12}")
+# The request header fields a publish reads (besides http.header_allowlist), by name.
+_CTYPE, _LENGTH, _PKEY, _FPK, _IKEY = range(5)
+_FIELDS = {b"content-type": _CTYPE, b"content-length": _LENGTH, b"partition-key": _PKEY,
+           b"ferry-partition-key": _FPK, b"idempotency-key": _IKEY}
 # Counter keys of the publish path, built once (LocalCounters.add_key).
 _RECEIVED = ("messages_received", _SOURCE)
 _REQUESTS = {batch: {code: ("http_requests", (("route", "batch" if batch else "publish"),
