@@ -213,6 +213,19 @@ class Request:
         return request
 
 
+class _BodyOnly:
+    """The parser's target after an Upgrade request's headers (``_resume_body``): the parser
+    is fed a stand-in head, of which nothing is wanted (httptools calls only the callbacks
+    its target has), then the body, which goes to the connection as any body does."""
+
+    __slots__ = ("on_body", "on_chunk_header", "on_message_complete")
+
+    def __init__(self, conn: HttpProtocol) -> None:
+        self.on_body = conn.on_body
+        self.on_chunk_header = conn.on_chunk_header
+        self.on_message_complete = conn.on_message_complete
+
+
 class _Stop(Exception):
     """Raised from a parser callback: a request begins after one that closes the connection
     (``Connection: close``); it is neither run nor answered."""
@@ -284,7 +297,6 @@ class HttpProtocol(asyncio.Protocol):
         self.tail = b""
         self.eof = False  # the client shut its sending side: answer what came, then close
         self.write_timer: asyncio.TimerHandle | None = None
-        self.resuming = False  # a substitute head is being parsed (_resume_body)
         self.chunks = 0  # chunks of the body being parsed
         self.overhead = 0  # bytes of it that were not body (chunk framing, trailers)
 
@@ -437,10 +449,8 @@ class HttpProtocol(asyncio.Protocol):
         framing = (b"Transfer-Encoding: chunked" if request.framing == _CHUNKED
                    else b"Content-Length: " + request.framing)
         request.framing = None
-        self.parser = httptools.HttpRequestParser(self)
-        self.resuming = True
+        self.parser = httptools.HttpRequestParser(_BodyOnly(self))
         self.parser.feed_data(b"POST / HTTP/1.1\r\n" + framing + b"\r\n\r\n")
-        self.resuming = False
         if rest:
             self._feed(rest)
 
@@ -464,8 +474,6 @@ class HttpProtocol(asyncio.Protocol):
 
     # httptools callbacks
     def on_message_begin(self) -> None:
-        if self.resuming:
-            return  # the stand-in head of _resume_body: the request goes on
         if self.stopped:
             raise _Stop()
         self.request = Request()
@@ -473,8 +481,6 @@ class HttpProtocol(asyncio.Protocol):
         self.head_bytes = self.head_parsed = 0
 
     def on_url(self, url: bytes) -> None:
-        if self.resuming:
-            return
         request = self.request
         assert request is not None
         request.url += url
@@ -486,8 +492,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         request = self.request
-        if request is None or self.resuming:
-            return
+        assert request is not None
         headers = request.headers
         headers.append((name.lower(), value))
         # Headers that arrived in one read never pass _head_fits: counted here as well.
@@ -502,8 +507,6 @@ class HttpProtocol(asyncio.Protocol):
             raise _Fatal(_headers_too_large(limits))
 
     def on_headers_complete(self) -> None:
-        if self.resuming:
-            return
         request = self.request
         assert request is not None
         parser = self.parser
