@@ -125,8 +125,17 @@ class HttpConfig(_Section):
     # Topics whose name starts with "__" (Kafka's own, e.g. __consumer_offsets) are refused
     # unless listed here or defined in [topics].
     internal_topics: list[str] = Field(default_factory=list)
+    # HTTPS: a second listener on tls_listen ("" for none), speaking TLS 1.2 or later, with
+    # the same routes, limits and connection cap as the plain one (which stays: keep it on
+    # loopback for the local tools). tls_cert_file: the server's certificate chain (PEM);
+    # tls_key_file: its private key (PEM, unencrypted). tls_client_ca_file (PEM): clients
+    # must present a certificate one of these CAs signed (mTLS); without it, none is asked.
+    tls_listen: str = ""
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_client_ca_file: Path | None = None
 
-    @field_validator("listen")
+    @field_validator("listen", "tls_listen")
     @classmethod
     def _host_port(cls, value: str) -> str:
         if value == "":
@@ -136,6 +145,24 @@ class HttpConfig(_Section):
             raise ValueError("must be HOST:PORT, e.g. 127.0.0.1:9090")
         return value
 
+    @model_validator(mode="after")
+    def _tls_complete(self) -> HttpConfig:
+        files = {"tls_cert_file": self.tls_cert_file, "tls_key_file": self.tls_key_file,
+                 "tls_client_ca_file": self.tls_client_ca_file}
+        if self.tls_listen:
+            missing = [k for k in ("tls_cert_file", "tls_key_file") if files[k] is None]
+            if missing:
+                raise ValueError(f"tls_listen needs {' and '.join(missing)}")
+            if not self.listen:
+                raise ValueError("tls_listen needs listen too (the plain listener, for the "
+                                 "local tools; keep it on loopback)")
+        else:
+            given = [k for k, v in files.items() if v is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} set, but tls_listen is empty: set "
+                                 "tls_listen to HOST:PORT to serve HTTPS")
+        return self
+
     @property
     def host(self) -> str:
         return self.listen.rpartition(":")[0].strip("[]")
@@ -143,6 +170,14 @@ class HttpConfig(_Section):
     @property
     def port(self) -> int:
         return int(self.listen.rpartition(":")[2])
+
+    @property
+    def tls_host(self) -> str:
+        return self.tls_listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def tls_port(self) -> int:
+        return int(self.tls_listen.rpartition(":")[2])
 
 
 class SpoolConfig(_Section):

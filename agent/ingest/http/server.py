@@ -27,6 +27,7 @@ import contextlib
 import logging
 import resource
 import socket
+import ssl
 import threading
 from typing import Any
 
@@ -35,6 +36,7 @@ import uvloop
 from agent.ingest.gil import SWITCH_INTERVAL, lower_switch_interval
 from agent.ingest.http.asgi import AsgiRunner
 from agent.ingest.http.protocol import Connections, DateHeader, HttpProtocol, Limits
+from agent.ingest.http.tls import TlsConfigError, server_context
 from agent.ingest.runtime import Phase, Runtime
 from agent.process.gc_tuning import freeze_startup_heap
 
@@ -104,9 +106,12 @@ class HttpServer:
         self._stop_timeout = graceful_timeout
         self._serving = threading.Event()
         self._sock: socket.socket | None = None
+        self._tls_sock: socket.socket | None = None
+        self._tls: ssl.SSLContext | None = None
         self._error: BaseException | None = None
         self.host = ""
         self.port = 0
+        self.tls_port = 0  # the HTTPS listener's (http.tls_listen), once started
 
     @property
     def url(self) -> str:
@@ -120,7 +125,21 @@ class HttpServer:
         if not self.listen:
             raise HttpBindError("HTTP is disabled (http.listen is empty)")
         cfg = self.runtime.config.http
+        if cfg.tls_listen:
+            assert cfg.tls_cert_file is not None and cfg.tls_key_file is not None  # config
+            try:
+                self._tls = server_context(cfg.tls_cert_file, cfg.tls_key_file,
+                                           cfg.tls_client_ca_file)
+            except TlsConfigError as exc:
+                raise HttpBindError(f"HTTPS on {cfg.tls_listen}: {exc}") from None
         sock = _bind(cfg.host, cfg.port, self.listen)
+        if cfg.tls_listen:
+            try:
+                self._tls_sock = _bind(cfg.tls_host, cfg.tls_port, cfg.tls_listen)
+            except HttpBindError:
+                sock.close()
+                raise
+            self.tls_port = int(self._tls_sock.getsockname()[1])
         lower_switch_interval(self.switch_interval)
         if self.tune_gc:
             _tune_gc()
@@ -136,6 +155,10 @@ class HttpServer:
                                     f"{self._error!r}")
         log.info("HTTP listening on %s (at most %d connections)", self.url,
                  self.connections.cap)
+        if self._tls_sock is not None:
+            log.info("HTTPS listening on %s:%d (client certificates %s)", cfg.tls_host,
+                     self.tls_port,
+                     "required" if cfg.tls_client_ca_file is not None else "not asked for")
 
     def _run(self, sock: socket.socket) -> None:
         try:
@@ -161,12 +184,18 @@ class HttpServer:
                                 gone=publisher.gone, asgi=asgi,
                                 read_limit=publisher.max_batch_bytes)
 
-        server = await loop.create_server(protocol, sock=sock, backlog=BACKLOG)
+        servers = [await loop.create_server(protocol, sock=sock, backlog=BACKLOG)]
+        if self._tls_sock is not None:
+            # The handshake has the headers' deadline; the connection is admitted after it.
+            servers.append(await loop.create_server(
+                protocol, sock=self._tls_sock, backlog=BACKLOG, ssl=self._tls,
+                ssl_handshake_timeout=limits.header_timeout))
         self._serving.set()
         await self._stop.wait()
         # Graceful stop: no new connections, idle ones closed, the rest after their answer.
         connections.stopping = True
-        server.close()
+        for server in servers:
+            server.close()
         connections.close_idle()
         deadline = loop.time() + self._stop_timeout
         while ((connections.open or publisher.direct_in_flight or asgi.tasks)
@@ -195,8 +224,9 @@ class HttpServer:
         if thread.is_alive():
             log.error("the HTTP server did not stop within %.0f s", timeout + 5.0)
         _call(self.app, "close")
-        if self._sock is not None:
-            self._sock.close()
+        for sock in (self._sock, self._tls_sock):
+            if sock is not None:
+                sock.close()
         log.info("HTTP server stopped")
 
 

@@ -1,0 +1,46 @@
+"""The HTTPS listener's TLS settings (``http.tls_*``): one ``ssl.SSLContext``, built at start.
+
+TLS is the standard library's (``ssl``, OpenSSL) under uvloop's transport; the HTTP on top of
+it is the same protocol, limits and connection cap as the plain listener's (protocol.py).
+What TLS changes:
+
+- TLS 1.2 at least; ALPN offers ``http/1.1`` only (Ferry speaks no HTTP/2).
+- With ``tls_client_ca_file`` a client must present a certificate one of those CAs signed
+  (mTLS); a handshake without one fails, before any request is read.
+- A handshake must finish within ``header_timeout_seconds`` (the wait for a request's
+  headers begins after it); a connection counts against the cap once its handshake is done.
+- TLS has no half-close here: a client's ``close_notify`` ends the connection, so a client
+  that shuts its sending side before reading its answers loses them (plain HTTP answers
+  them).
+"""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+
+
+class TlsConfigError(Exception):
+    """The certificate, key or client CA cannot be loaded; the message says which file."""
+
+
+def server_context(cert_file: Path, key_file: Path, client_ca_file: Path | None
+                   ) -> ssl.SSLContext:
+    """The listener's context; raises TlsConfigError naming the file that does not load."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_alpn_protocols(["http/1.1"])
+    try:
+        context.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise TlsConfigError(f"cannot load the TLS certificate {cert_file} with the key "
+                             f"{key_file} (http.tls_cert_file, http.tls_key_file): "
+                             f"{exc}") from None
+    if client_ca_file is not None:
+        try:
+            context.load_verify_locations(cafile=client_ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise TlsConfigError(f"cannot load the client CA certificates {client_ca_file} "
+                                 f"(http.tls_client_ca_file): {exc}") from None
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context

@@ -1,0 +1,153 @@
+"""HTTPS (``http.tls_listen``): the same publish path over TLS, with optional client
+certificates (mTLS), tried with curl as a client would, beside the plain listener.
+
+Certificates are made per test by tests/certificates.py (openssl). Every case counts what
+reached the buffer: a refused handshake stores nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pydantic
+import pytest
+
+from agent.buffer.committer import Committer
+from agent.buffer.store import Store
+from agent.config import FerryConfig
+from agent.ingest.http.server import HttpBindError, HttpServer
+from agent.ingest.runtime import Runtime
+from agent.metrics import Registry
+from tests.certificates import CertificateAuthority, Issued
+from tests.http.harness import Served, make_config
+
+WAIT = 30.0
+
+
+@pytest.fixture
+def ca(tmp_path: Path) -> CertificateAuthority:
+    return CertificateAuthority(tmp_path / "pki")
+
+
+@pytest.fixture
+def server_cert(ca: CertificateAuthority) -> Issued:
+    return ca.issue("server", server=True)
+
+
+def _tls(ca: CertificateAuthority, cert: Issued, mtls: bool = False) -> dict[str, object]:
+    settings: dict[str, object] = {"tls_listen": "127.0.0.1:0", "tls_cert_file": str(cert.cert),
+                                   "tls_key_file": str(cert.key)}
+    if mtls:
+        settings["tls_client_ca_file"] = str(ca.cert)
+    return settings
+
+
+def _curl(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["curl", "-sS", "--max-time", "20", "-o", "-", "-w",
+                           "\n%{http_code}", *args, url],
+                          capture_output=True, text=True, timeout=60)
+
+
+def _publish(served: Served, body: str, *args: str) -> subprocess.CompletedProcess[str]:
+    url = f"https://127.0.0.1:{served.server.tls_port}/topics/tls"
+    return _curl(url, "-X", "POST", "--data-binary", body, *args)
+
+
+def test_publishes_over_https_are_stored_and_answered_as_over_http(
+    serve: Callable[..., Served], ca: CertificateAuthority, server_cert: Issued
+) -> None:
+    served = serve(http=_tls(ca, server_cert))
+    done = _publish(served, "over tls", "--cacert", str(ca.cert))
+    assert done.returncode == 0, done.stderr
+    body, status = done.stdout.rsplit("\n", 1)
+    assert status == "202"
+    assert json.loads(body)["delivered"] is False
+    # The plain listener still serves, the same buffer behind both.
+    assert served.client.post("/topics/tls", content=b"over http").status_code == 202
+    assert [m.record.value for m in served.messages("tls")] == [b"over tls", b"over http"]
+    # The status page and the probes answer over HTTPS too.
+    ready = _curl(f"https://127.0.0.1:{served.server.tls_port}/status/ready",
+                  "--cacert", str(ca.cert))
+    assert ready.stdout.rsplit("\n", 1)[1] == "200"
+
+
+def test_a_client_that_does_not_trust_the_server_sends_nothing(
+    serve: Callable[..., Served], ca: CertificateAuthority, server_cert: Issued
+) -> None:
+    served = serve(http=_tls(ca, server_cert))
+    done = _publish(served, "untrusted")  # the system's CAs do not know the test CA
+    assert done.returncode != 0
+    assert served.messages("tls") == []
+
+
+def test_mtls_refuses_a_client_without_a_certificate_and_serves_one_with_it(
+    serve: Callable[..., Served], ca: CertificateAuthority, server_cert: Issued
+) -> None:
+    served = serve(http=_tls(ca, server_cert, mtls=True))
+    refused = _publish(served, "no client certificate", "--cacert", str(ca.cert))
+    assert refused.returncode != 0
+    stranger = CertificateAuthority(ca.dir.parent, "another-ca").issue("intruder",
+                                                                       server=False)
+    refused_too = _publish(served, "a stranger's certificate", "--cacert", str(ca.cert),
+                           "--cert", str(stranger.cert), "--key", str(stranger.key))
+    assert refused_too.returncode != 0
+    client = ca.issue("client", server=False)
+    done = _publish(served, "with a client certificate", "--cacert", str(ca.cert),
+                    "--cert", str(client.cert), "--key", str(client.key))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.rsplit("\n", 1)[1] == "202"
+    assert [m.record.value for m in served.messages("tls")] == [b"with a client certificate"]
+
+
+def test_plain_http_on_the_https_port_stores_nothing(
+    serve: Callable[..., Served], ca: CertificateAuthority, server_cert: Issued
+) -> None:
+    served = serve(http=_tls(ca, server_cert))
+    done = _curl(f"http://127.0.0.1:{served.server.tls_port}/topics/tls", "-X", "POST",
+                 "--data-binary", "in the clear")
+    assert done.stdout.rsplit("\n", 1)[-1] != "202"
+    assert served.messages("tls") == []
+
+
+def test_a_handshake_that_never_comes_is_closed_after_the_header_timeout(
+    serve: Callable[..., Served], ca: CertificateAuthority, server_cert: Issued
+) -> None:
+    served = serve(http={**_tls(ca, server_cert), "header_timeout_seconds": 1.0})
+    with socket.create_connection(("127.0.0.1", served.server.tls_port), timeout=WAIT) as s:
+        started = time.monotonic()
+        assert s.recv(1024) == b""  # closed by the server, having sent nothing
+        assert 0.5 < time.monotonic() - started < 10
+
+
+def test_a_key_that_does_not_load_fails_the_start_and_names_the_file(
+    tmp_path: Path, ca: CertificateAuthority, server_cert: Issued
+) -> None:
+    broken = tmp_path / "broken.key"
+    broken.write_text("not a key\n")
+    config = make_config(tmp_path, http={**_tls(ca, server_cert),
+                                         "tls_key_file": str(broken)})
+    with Store(config.buffer.path, config.buffer.max_bytes) as store:
+        committer = Committer(store)
+        try:
+            server = HttpServer(Runtime(config, store, committer, Registry()), object())
+            with pytest.raises(HttpBindError, match="broken.key"):
+                server.start()
+            assert server.port == 0  # nothing was bound
+        finally:
+            committer.close()
+
+
+def test_tls_settings_must_come_together() -> None:
+    with pytest.raises(pydantic.ValidationError, match="tls_listen needs tls_cert_file"):
+        FerryConfig.model_validate({"http": {"tls_listen": "127.0.0.1:9443"}})
+    with pytest.raises(pydantic.ValidationError, match="tls_listen is empty"):
+        FerryConfig.model_validate({"http": {"tls_cert_file": "/etc/ferry/tls.pem"}})
+    with pytest.raises(pydantic.ValidationError, match="tls_listen needs listen"):
+        FerryConfig.model_validate({"http": {
+            "listen": "", "tls_listen": "127.0.0.1:9443", "tls_cert_file": "/c.pem",
+            "tls_key_file": "/c.key"}})
