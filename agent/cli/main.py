@@ -189,8 +189,13 @@ def _summary(config: FerryConfig) -> str:
     clusters += f", remote {kafka.remote.bootstrap_servers}" if kafka.remote else ", no remote"
     dirs = ", ".join(str(d) for d in config.spool.dirs) or "none"
     topics = ", ".join(sorted(config.topics))
+    http = config.http
+    https = ""
+    if http.tls_listen:
+        https = (f"; https: {http.tls_listen} (client certificates "
+                 f"{'required' if http.tls_client_ca_file else 'not asked for'})")
     return (f"  clusters: {clusters}; spool dirs: {dirs}; "
-            f"socket: {config.socket.path or 'off'}; http: {config.http.listen or 'off'}; "
+            f"socket: {config.socket.path or 'off'}; http: {http.listen or 'off'}{https}; "
             f"buffer: {config.buffer.path}; topics: {topics}")
 
 
