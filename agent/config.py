@@ -165,19 +165,25 @@ class HttpConfig(_Section):
 
     @property
     def host(self) -> str:
-        return self.listen.rpartition(":")[0].strip("[]")
+        return _address(self.listen)[0]
 
     @property
     def port(self) -> int:
-        return int(self.listen.rpartition(":")[2])
+        return _address(self.listen)[1]
 
     @property
     def tls_host(self) -> str:
-        return self.tls_listen.rpartition(":")[0].strip("[]")
+        return _address(self.tls_listen)[0]
 
     @property
     def tls_port(self) -> int:
-        return int(self.tls_listen.rpartition(":")[2])
+        return _address(self.tls_listen)[1]
+
+
+def _address(listen: str) -> tuple[str, int]:
+    """The host (without an IPv6 address's brackets) and port of a checked HOST:PORT."""
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 class SpoolConfig(_Section):

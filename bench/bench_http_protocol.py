@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +27,22 @@ REQUEST = (b"POST /topics/bench HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n"
            b"Content-Type: application/octet-stream\r\nContent-Length: 200\r\n\r\n" + b"v" * 200)
 
 
-class _Transport(asyncio.Transport):
-    def __init__(self) -> None:
+class StandInTransport(asyncio.Transport):
+    """A connection's transport that counts the answers written (``on_write`` is told of
+    each) and sends nothing: what the protocol does per request, without a socket."""
+
+    def __init__(self, on_write: Callable[[], None] | None = None) -> None:
         super().__init__()
         self.writes = 0
+        self.on_write = on_write
 
     def write(self, data: Any) -> None:
         self.writes += 1
+        if self.on_write is not None:
+            self.on_write()
+
+    def can_write_eof(self) -> bool:
+        return True
 
     def get_write_buffer_size(self) -> int:
         return 0
@@ -66,7 +76,7 @@ async def _per_request_us(requests: int, repeats: int) -> float:
         publish=publish, body_limit=lambda t, b: 1 << 20, too_large=lambda t, b, n: None,
         refused=lambda *a: None, gone=lambda b: None, asgi=lambda *a: None,
         read_limit=1 << 20)
-    transport = _Transport()
+    transport = StandInTransport()
     conn.connection_made(transport)
     best = float("inf")
     for _ in range(repeats):

@@ -30,8 +30,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-REQUEST = (b"POST /topics/bench HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n"
-           b"Content-Type: application/octet-stream\r\nContent-Length: 200\r\n\r\n" + b"v" * 200)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_http_protocol import REQUEST, StandInTransport  # noqa: E402  (bench/, this script's own)
+
 CONNECTIONS = 50
 
 
@@ -51,36 +53,6 @@ class _Answers:
         self.written += 1
         if self.written >= self.expected:
             self.done.set()
-
-
-class _Transport(asyncio.Transport):
-    def __init__(self, answers: _Answers) -> None:
-        super().__init__()
-        self.answers = answers
-
-    def write(self, data: Any) -> None:
-        self.answers.wrote()
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def can_write_eof(self) -> bool:
-        return True
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 1) if name == "peername" else default
 
 
 class _Bytecodes:
@@ -160,7 +132,7 @@ async def _measure(root: Path, rounds: int, count: bool) -> dict[str, Any]:
             body_limit=publisher.body_limit, too_large=publisher.too_large,
             refused=publisher.refused_early, gone=publisher.gone, asgi=lambda *a: None,
             read_limit=publisher.max_batch_bytes)
-        conn.connection_made(_Transport(answers))
+        conn.connection_made(StandInTransport(answers.wrote))
         conns.append(conn)
 
     async def run(n: int) -> None:
