@@ -195,6 +195,10 @@ def main() -> None:
     ap.add_argument("--candidates", default=",".join(CANDIDATES))
     ap.add_argument("--size", type=int, default=200)
     ap.add_argument("--dir", type=Path, default=None, help="where the buffers live")
+    ap.add_argument("--drain", action="store_true",
+                    help="after each run, wait until the forwarder has emptied the buffer: a "
+                    "202 run accepts faster than the forwarder and the broker deliver on two "
+                    "shared cores, and the next run would pay for its backlog")
     args = ap.parse_args()
     candidates = [c for c in args.candidates.split(",") if c]
     unknown = set(candidates) - set(CANDIDATES)
@@ -244,6 +248,10 @@ def main() -> None:
                             acked[topic] = acked.get(topic, 0) + r["201"] + r["202"]
                         rows.append({"server": cand, "mode": mode, "connections": connections,
                                      "round": n + 1, **r})
+                        if args.drain and cand != NULL:
+                            pipe = agents[cand][1]
+                            pipe.send("drain")
+                            rows[-1]["left_after_drain"] = pipe.recv()
                         print(json.dumps(rows[-1]), flush=True)
             agents[NULL][1].send("stop")
             agents[NULL][0].join(10)
