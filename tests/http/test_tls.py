@@ -8,6 +8,7 @@ reached the buffer: a refused handshake stores nothing.
 from __future__ import annotations
 
 import json
+import select
 import socket
 import subprocess
 import time
@@ -151,3 +152,30 @@ def test_tls_settings_must_come_together() -> None:
         FerryConfig.model_validate({"http": {
             "listen": "", "tls_listen": "127.0.0.1:9443", "tls_cert_file": "/c.pem",
             "tls_key_file": "/c.key"}})
+
+
+def test_handshakes_in_progress_count_against_the_connection_cap(
+    serve: Callable[..., Served], ca: CertificateAuthority, server_cert: Issued
+) -> None:
+    served = serve(http={**_tls(ca, server_cert), "max_connections": 8})
+    stalled = [socket.create_connection(("127.0.0.1", served.server.tls_port), timeout=WAIT)
+               for _ in range(40)]  # connect, never say hello
+    try:
+        done = _publish(served, "past the stalled ones", "--cacert", str(ca.cert))
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.rsplit("\n", 1)[1] == "202"
+        assert [m.record.value for m in served.messages("tls")] == [b"past the stalled ones"]
+        # Each stalled handshake was admitted under the cap, and the oldest were closed to
+        # make room (long before their header deadline of 10 s), not left holding descriptors.
+        assert len(served.server.connections.open) <= 8
+
+        evicted: set[socket.socket] = set()
+        deadline = time.monotonic() + 5
+        while len(evicted) < 40 - 8 and time.monotonic() < deadline:
+            waiting = [s for s in stalled if s not in evicted]
+            readable, _, _ = select.select(waiting, [], [], 0.1)
+            evicted.update(s for s in readable if s.recv(1) == b"")
+        assert len(evicted) >= 40 - 8
+    finally:
+        for s in stalled:
+            s.close()

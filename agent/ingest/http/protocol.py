@@ -43,6 +43,7 @@ import email.utils
 import functools
 import http
 import logging
+import ssl
 import time
 import zlib
 from collections.abc import Callable
@@ -262,13 +263,17 @@ class HttpProtocol(asyncio.Protocol):
     def __init__(self, *, limits: Limits, connections: Connections, date: DateHeader,
                  publish: DirectPublish, body_limit: BodyLimit, too_large: TooLarge,
                  refused: Refused, gone: Callable[[bool], None], asgi: AsgiRun,
-                 read_limit: int) -> None:
+                 read_limit: int, tls: ssl.SSLContext | None = None) -> None:
         self.limits = limits
         self.connections = connections
         self.date = date
         self.publish = publish
         self.body_limit = body_limit
         self.read_limit = read_limit
+        # HTTPS: TLS is started on the admitted TCP connection (_start_tls), so a handshake
+        # counts against the cap and has the headers' deadline, as a slow client does.
+        self.tls = tls
+        self.tls_task: asyncio.Task[None] | None = None
         self.too_large = too_large
         self.refused = refused
         self.gone = gone
@@ -310,11 +315,34 @@ class HttpProtocol(asyncio.Protocol):
                             "later", retry_after=1.0, close=True)
             self.closed = self.stopped = True
             body = err.body()
-            transport.write(self._head(503, err.headers(body), False)[0] + body)
+            if self.tls is None:  # a TLS client would read plain bytes as garbage
+                transport.write(self._head(503, err.headers(body), False)[0] + body)
             transport.close()
             return
         self.connections.set_idle(self)
         self._arm()
+        if self.tls is not None:
+            # Nothing is parsed until the handshake is done: bytes that reach the protocol
+            # before (or after a failed one: plain HTTP on the TLS port) are dropped.
+            self.stopped = True
+            transport.pause_reading()
+            self.tls_task = self.loop.create_task(self._start_tls(transport, self.tls))
+
+    async def _start_tls(self, plain: asyncio.Transport, context: ssl.SSLContext) -> None:
+        """The TLS handshake on this admitted connection; the connection then reads and
+        writes through it. A failed handshake closes it (the deadline's close ends it too)."""
+        try:
+            secure = await self.loop.start_tls(plain, self, context, server_side=True,
+                                               ssl_handshake_timeout=self.limits.header_timeout)
+        except (OSError, ssl.SSLError, ConnectionError, TimeoutError, RuntimeError):
+            self.close()
+            plain.abort()
+            return
+        if secure is None or self.closed:
+            plain.abort()
+            return
+        self.transport = secure
+        self.stopped = False
 
     def connection_lost(self, exc: Exception | None) -> None:
         request = self.request

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import resource
 import socket
@@ -177,19 +178,19 @@ class HttpServer:
         asgi = AsgiRunner(self.app)
         limits, connections, date = self.limits, self.connections, DateHeader()
 
-        def protocol() -> HttpProtocol:
+        def protocol(tls: ssl.SSLContext | None = None) -> HttpProtocol:
             return HttpProtocol(limits=limits, connections=connections, date=date,
                                 publish=publisher.direct, body_limit=publisher.body_limit,
                                 too_large=publisher.too_large, refused=publisher.refused_early,
                                 gone=publisher.gone, asgi=asgi,
-                                read_limit=publisher.max_batch_bytes)
+                                read_limit=publisher.max_batch_bytes, tls=tls)
 
         servers = [await loop.create_server(protocol, sock=sock, backlog=BACKLOG)]
         if self._tls_sock is not None:
-            # The handshake has the headers' deadline; the connection is admitted after it.
+            # Plain TCP, admitted under the cap like any connection; each starts TLS itself
+            # (HttpProtocol._start_tls), so handshakes in progress are bounded too.
             servers.append(await loop.create_server(
-                protocol, sock=self._tls_sock, backlog=BACKLOG, ssl=self._tls,
-                ssl_handshake_timeout=limits.header_timeout))
+                functools.partial(protocol, self._tls), sock=self._tls_sock, backlog=BACKLOG))
         self._serving.set()
         await self._stop.wait()
         # Graceful stop: no new connections, idle ones closed, the rest after their answer.

@@ -7,8 +7,14 @@ What TLS changes:
 - TLS 1.2 at least; ALPN offers ``http/1.1`` only (Ferry speaks no HTTP/2).
 - With ``tls_client_ca_file`` a client must present a certificate one of those CAs signed
   (mTLS); a handshake without one fails, before any request is read.
-- A handshake must finish within ``header_timeout_seconds`` (the wait for a request's
-  headers begins after it); a connection counts against the cap once its handshake is done.
+- The TCP connection is admitted under the connection cap first, and TLS started on it
+  (``HttpProtocol._start_tls``), so a handshake in progress counts against the cap, can be
+  closed to make room like any waiting connection, and must finish within the headers'
+  deadline (``header_timeout_seconds``, from the connection's start). uvloop's own TLS
+  listener would hide handshakes from the protocol until they finish: a flood of them
+  would hold descriptors beyond the cap.
+- Bytes that are not TLS (plain HTTP on this port) are never parsed as requests: the
+  connection closes at the deadline, nothing stored.
 - TLS has no half-close here: a client's ``close_notify`` ends the connection, so a client
   that shuts its sending side before reading its answers loses them (plain HTTP answers
   them).
