@@ -52,6 +52,7 @@ from typing import Any, cast
 import httptools
 
 from agent import reasons
+from agent.ingest.http import tls
 from agent.ingest.http.errors import HttpError
 from agent.ingest.http.publish import Headers, Reply
 from agent.ingest.http.routing import PREFIX, publish_target
@@ -270,10 +271,9 @@ class HttpProtocol(asyncio.Protocol):
         self.publish = publish
         self.body_limit = body_limit
         self.read_limit = read_limit
-        # HTTPS: TLS is started on the admitted TCP connection (_start_tls), so a handshake
-        # counts against the cap and has the headers' deadline, as a slow client does.
+        # HTTPS: TLS is started on the admitted TCP connection (tls.start_now), so a
+        # handshake counts against the cap and has the headers' deadline, as a slow client.
         self.tls = tls
-        self.tls_task: asyncio.Task[None] | None = None
         self.too_large = too_large
         self.refused = refused
         self.gone = gone
@@ -322,23 +322,18 @@ class HttpProtocol(asyncio.Protocol):
         self.connections.set_idle(self)
         self._arm()
         if self.tls is not None:
-            # Nothing is parsed until the handshake is done: bytes that reach the protocol
-            # before (or after a failed one: plain HTTP on the TLS port) are dropped.
+            # Nothing is parsed until the handshake is done: the TLS protocol reads the
+            # connection from here on and hands this one only what it decrypts.
             self.stopped = True
-            transport.pause_reading()
-            self.tls_task = self.loop.create_task(self._start_tls(transport, self.tls))
+            tls.start_now(self.loop, transport, self, self.tls, self.limits.header_timeout,
+                          functools.partial(self._tls_started, transport))
 
-    async def _start_tls(self, plain: asyncio.Transport, context: ssl.SSLContext) -> None:
-        """The TLS handshake on this admitted connection; the connection then reads and
-        writes through it. A failed handshake closes it (the deadline's close ends it too)."""
-        try:
-            secure = await self.loop.start_tls(plain, self, context, server_side=True,
-                                               ssl_handshake_timeout=self.limits.header_timeout)
-        except (OSError, ssl.SSLError, ConnectionError, TimeoutError, RuntimeError):
-            self.close()
-            plain.abort()
-            return
+    def _tls_started(self, plain: asyncio.Transport, secure: asyncio.Transport | None
+                     ) -> None:
+        """The handshake is over: requests are read and answered through ``secure``. A
+        failed one (or one on a connection closed meanwhile) ends the connection."""
         if secure is None or self.closed:
+            self.close()
             plain.abort()
             return
         self.transport = secure

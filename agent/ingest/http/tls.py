@@ -8,13 +8,13 @@ What TLS changes:
 - With ``tls_client_ca_file`` a client must present a certificate one of those CAs signed
   (mTLS); a handshake without one fails, before any request is read.
 - The TCP connection is admitted under the connection cap first, and TLS started on it
-  (``HttpProtocol._start_tls``), so a handshake in progress counts against the cap, can be
-  closed to make room like any waiting connection, and must finish within the headers'
-  deadline (``header_timeout_seconds``, from the connection's start). uvloop's own TLS
-  listener would hide handshakes from the protocol until they finish: a flood of them
-  would hold descriptors beyond the cap.
+  (``start_now``, from ``HttpProtocol.connection_made``), so a handshake in progress
+  counts against the cap, can be closed to make room like any waiting connection, and
+  must finish within the headers' deadline (``header_timeout_seconds``, from the
+  connection's start). uvloop's own TLS listener would hide handshakes from the protocol
+  until they finish: a flood of them would hold descriptors beyond the cap.
 - Bytes that are not TLS (plain HTTP on this port) are never parsed as requests: the
-  connection closes at the deadline, nothing stored.
+  handshake fails on them and the connection closes, nothing stored.
 - TLS has no half-close here: a client's ``close_notify`` ends the connection, so a client
   that shuts its sending side before reading its answers loses them (plain HTTP answers
   them).
@@ -22,7 +22,9 @@ What TLS changes:
 
 from __future__ import annotations
 
+import asyncio
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -50,3 +52,37 @@ def server_context(cert_file: Path, key_file: Path, client_ca_file: Path | None
                                  f"(http.tls_client_ca_file): {exc}") from None
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+def start_now(loop: asyncio.AbstractEventLoop, transport: asyncio.Transport,
+              protocol: asyncio.Protocol, context: ssl.SSLContext, handshake_timeout: float,
+              done: Callable[[asyncio.Transport | None], None]) -> None:
+    """Start server-side TLS on ``transport`` before returning; ``done`` is called with the
+    TLS transport once the handshake is over, or with None if it failed.
+
+    Called from ``connection_made()``. uvloop starts reading a new connection when
+    ``connection_made()`` returns and ignores a ``pause_reading()`` made in it (asyncio had
+    the same defect, CPython gh-103607). TLS started from a task would begin one loop
+    iteration later, and a ClientHello already waiting would reach the HTTP protocol,
+    which cannot hand it on: the handshake stalled until the headers' deadline. So the
+    first step of ``loop.start_tls()``, which puts the TLS protocol in front of the
+    transport, runs here; the coroutine is then resumed as each future it waits for is
+    done, as a task would resume it.
+    """
+    handshake = loop.start_tls(transport, protocol, context, server_side=True,
+                               ssl_handshake_timeout=handshake_timeout)
+
+    def step(_: object = None) -> None:
+        try:
+            waiting = handshake.send(None)
+        except StopIteration as finished:
+            done(finished.value)
+        except Exception:  # noqa: BLE001 - any failed handshake: refused, reset, timed out
+            done(None)
+        else:
+            if isinstance(waiting, asyncio.Future):
+                waiting.add_done_callback(step)
+            else:  # a bare yield: go on next iteration
+                loop.call_soon(step)
+
+    step()
