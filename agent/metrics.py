@@ -128,6 +128,13 @@ DEFINITIONS: dict[str, MetricDef] = {
                   "1 once another running agent with this agent's identity fenced its "
                   "transactional producer: exactly-once topics are stopped."),
         MetricDef("http_requests", "counter", "HTTP requests answered.", ("route", "status")),
+        MetricDef("http_connections_closed", "counter",
+                  "HTTP connections closed before a request could be read: "
+                  "too_many_connections (a new one at the cap with every connection busy; "
+                  "answered 503 over plain HTTP), closed_for_room (the one that waited "
+                  "longest for a request, to admit a new one at the cap), tls_handshake (a "
+                  "TLS handshake failed: no or an unknown client certificate, plain HTTP "
+                  "on the TLS port, ...; the log line says which).", ("reason",)),
         MetricDef("process_restarts", "counter", "Child processes restarted.", ("process",)),
         MetricDef("process_memory_bytes", "gauge",
                   "Memory of each Ferry process by kind: rss (all resident), anonymous (its "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import logging
 import socket
 from collections.abc import Callable
 
@@ -124,8 +125,9 @@ def test_parser_errors_are_json(served: Served) -> None:
 
 
 def test_the_cap_closes_the_connection_idle_longest_to_serve_a_new_one(
-    serve: Callable[..., Served],
+    serve: Callable[..., Served], caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="agent.ingest.http.protocol")
     served = serve(http={"max_connections": 20})
     idle = [raw.connect(served) for _ in range(20)]
     try:
@@ -136,6 +138,11 @@ def test_the_cap_closes_the_connection_idle_longest_to_serve_a_new_one(
             (answer,) = raw.read_answers(sock, 1)
         assert _status(answer) == 202
         assert raw.read_until_closed(idle[0]) == b""  # evicted
+        # Counted, and said once, for the operator who may want a higher cap.
+        assert served.counter("http_connections_closed", reason="closed_for_room") == 1
+        assert served.counter("http_connections_closed", reason="too_many_connections") == 0
+        assert any("closed the connection that waited longest" in r.getMessage()
+                   and "(20, http.max_connections)" in r.getMessage() for r in caplog.records)
     finally:
         for s in idle:
             s.close()
@@ -161,7 +168,7 @@ def test_at_the_cap_a_stalled_request_makes_room_too(serve: Callable[..., Served
 
 
 def test_at_the_cap_with_every_request_being_answered_a_new_connection_gets_503(
-    serve: Callable[..., Served],
+    serve: Callable[..., Served], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Each of the 5 connections holds a publish waiting for Kafka (none runs here: 202 at
     ack_timeout_ms): nothing may be closed, so the sixth is told, in JSON, and closed."""
@@ -178,6 +185,10 @@ def test_at_the_cap_with_every_request_being_answered_a_new_connection_gets_503(
             answer = raw.read_until_closed(sock)
         assert _status(answer) == 503 and _error(answer)["code"] == "too_many_connections"
         assert all(_status(raw.read_answers(s, 1)[0]) == 202 for s in busy)
+        assert served.counter("http_connections_closed", reason="too_many_connections") == 1
+        assert served.counter("http_connections_closed", reason="closed_for_room") == 0
+        assert any(r.levelno == logging.WARNING and "refused a new connection (503)" in
+                   r.getMessage() for r in caplog.records)
     finally:
         for s in busy:
             s.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import select
 import socket
 import ssl
@@ -28,6 +29,7 @@ from agent.ingest.runtime import Runtime
 from agent.metrics import Registry
 from tests.certificates import CertificateAuthority, Issued
 from tests.http.harness import Served, make_config
+from tests.waiting import wait_until
 
 WAIT = 30.0
 
@@ -79,36 +81,57 @@ def test_publishes_over_https_are_stored_and_answered_as_over_http(
     assert ready.stdout.rsplit("\n", 1)[1] == "200", ready.stderr
 
 
+def _closed(served: Served) -> float:
+    return served.counter("http_connections_closed", reason="tls_handshake")
+
+
+def _said(caplog: pytest.LogCaptureFixture, what: str) -> bool:
+    return any(r.levelno == logging.WARNING and "HTTPS: a TLS handshake from 127.0.0.1:" in
+               r.getMessage() and what in r.getMessage() for r in caplog.records)
+
+
 def test_a_client_that_does_not_trust_the_server_sends_nothing(
-    serve: Callable[..., Served], ca: CertificateAuthority, server_cert: Issued
+    serve: Callable[..., Served], ca: CertificateAuthority, server_cert: Issued,
+    caplog: pytest.LogCaptureFixture
 ) -> None:
     served = serve(http=_tls(ca, server_cert))
     done = _publish(served, "untrusted")  # the system's CAs do not know the test CA
     assert done.returncode != 0
     assert served.messages("tls") == []
+    # The client's alert failed the handshake on Ferry's side too: counted, and said.
+    wait_until(lambda: _closed(served) == 1 and _said(caplog, "UNKNOWN_CA"), timeout=WAIT,
+               message="the failure counted and logged")
 
 
 def test_mtls_refuses_a_client_without_a_certificate_and_serves_one_with_it(
-    serve: Callable[..., Served], ca: CertificateAuthority, server_cert: Issued
+    serve: Callable[..., Served], ca: CertificateAuthority, server_cert: Issued,
+    caplog: pytest.LogCaptureFixture
 ) -> None:
     served = serve(http=_tls(ca, server_cert, mtls=True))
     refused = _publish(served, "no client certificate", "--cacert", str(ca.cert))
     assert refused.returncode != 0
+    wait_until(lambda: _closed(served) == 1
+               and _said(caplog, "PEER_DID_NOT_RETURN_A_CERTIFICATE"), timeout=WAIT,
+               message="the refusal counted and logged")
     stranger = CertificateAuthority(ca.dir.parent, "another-ca").issue("intruder",
                                                                        server=False)
     refused_too = _publish(served, "a stranger's certificate", "--cacert", str(ca.cert),
                            "--cert", str(stranger.cert), "--key", str(stranger.key))
     assert refused_too.returncode != 0
+    wait_until(lambda: _closed(served) == 2 and _said(caplog, "CERTIFICATE_VERIFY_FAILED"),
+               timeout=WAIT, message="the refusal counted and logged")
     client = ca.issue("client", server=False)
     done = _publish(served, "with a client certificate", "--cacert", str(ca.cert),
                     "--cert", str(client.cert), "--key", str(client.key))
     assert done.returncode == 0, done.stderr
     assert done.stdout.rsplit("\n", 1)[1] == "202"
     assert [m.record.value for m in served.messages("tls")] == [b"with a client certificate"]
+    assert _closed(served) == 2
 
 
 def test_plain_http_on_the_https_port_stores_nothing(
-    serve: Callable[..., Served], ca: CertificateAuthority, server_cert: Issued
+    serve: Callable[..., Served], ca: CertificateAuthority, server_cert: Issued,
+    caplog: pytest.LogCaptureFixture
 ) -> None:
     served = serve(http=_tls(ca, server_cert))
     done = _curl(f"http://127.0.0.1:{served.server.tls_port}/topics/tls", "-X", "POST",
@@ -116,6 +139,26 @@ def test_plain_http_on_the_https_port_stores_nothing(
     assert done.returncode != 0  # no answer at all: the handshake failed on the bytes
     assert done.stdout.rsplit("\n", 1)[-1] == "000"
     assert served.messages("tls") == []
+    wait_until(lambda: _closed(served) == 1 and _said(caplog, "HTTP_REQUEST"), timeout=WAIT,
+               message="the failure counted and logged")
+
+
+def test_a_client_that_hangs_up_or_stalls_in_the_handshake_is_not_a_tls_failure(
+    serve: Callable[..., Served], ca: CertificateAuthority, server_cert: Issued
+) -> None:
+    """A TCP check that connects and closes (a load balancer's), or a client that never
+    says hello, ends no TLS handshake with an error: nothing to count or log."""
+    served = serve(http={**_tls(ca, server_cert), "header_timeout_seconds": 0.5})
+    port = served.server.tls_port
+    socket.create_connection(("127.0.0.1", port), timeout=WAIT).close()
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as s:
+        assert s.recv(1024) == b""  # closed at the deadline
+    wait_until(lambda: not served.server.connections.open, timeout=WAIT,
+               message="both connections gone")
+    assert _closed(served) == 0
+    # A real failure after them is counted: the count above had its chance to move.
+    _curl(f"http://127.0.0.1:{port}/")
+    wait_until(lambda: _closed(served) == 1, timeout=WAIT, message="the plain request counted")
 
 
 def test_a_handshake_that_never_comes_is_closed_after_the_header_timeout(

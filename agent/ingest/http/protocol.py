@@ -56,6 +56,7 @@ from agent.ingest.http import tls
 from agent.ingest.http.errors import HttpError
 from agent.ingest.http.publish import Headers, Reply
 from agent.ingest.http.routing import PREFIX, publish_target
+from agent.process.log_limit import LogLimit
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,18 @@ class Limits:
         self.write_timeout = write_timeout
 
 
+# Why a connection was closed before it could send a request, the reason label of
+# http_connections_closed (docs/status.md): closures an operator may have to act on (raise
+# http.max_connections, fix a client's certificate). A deadline's close is not one of them.
+TOO_MANY_CONNECTIONS = "too_many_connections"  # new, at the cap, every connection busy: 503
+CLOSED_FOR_ROOM = "closed_for_room"  # the longest waiting, to admit a new one at the cap
+TLS_HANDSHAKE = "tls_handshake"  # a TLS handshake that failed (a TLS error, not a hang-up)
+
+
+def _not_counted(reason: str) -> None:
+    pass
+
+
 class Connections:
     """The open connections of one server, and its cap.
 
@@ -134,23 +147,33 @@ class Connections:
     however many, never lock new clients out. Only connections whose request is being
     answered are safe; when all are, the new one is answered 503 and closed. ``idle`` holds
     the waiting ones in the order they began to wait: the first has waited longest.
+    ``closed`` counts each of these closures by reason (and a failed TLS handshake), and
+    ``said`` logs them: at most a line a minute per kind (and per TLS error), so a flood of
+    connections or a scanner on the TLS port cannot flood the log; the count has them all.
     """
 
-    def __init__(self, cap: int) -> None:
+    def __init__(self, cap: int, closed: Callable[[str], None] = _not_counted) -> None:
         self.cap = cap
+        self.closed = closed
+        self.said = LogLimit(log)
         self.open: set[HttpProtocol] = set()
         self.idle: dict[HttpProtocol, None] = {}
         self.stopping = False
-        self.evicted = 0
-        self.refused = 0
 
     def admit(self, conn: HttpProtocol) -> bool:
         if len(self.open) >= self.cap:
             if not self.idle:
-                self.refused += 1
+                self.closed(TOO_MANY_CONNECTIONS)
+                self.said.warning(TOO_MANY_CONNECTIONS,
+                                  "HTTP: refused a new connection (503): all %d connections "
+                                  "(http.max_connections) are busy with requests", self.cap)
                 return False
             oldest = next(iter(self.idle))
-            self.evicted += 1
+            self.closed(CLOSED_FOR_ROOM)
+            self.said.log(logging.INFO, CLOSED_FOR_ROOM,
+                          "HTTP: at the connection cap (%d, http.max_connections): closed "
+                          "the connection that waited longest for a request to admit a new "
+                          "one", self.cap)
             oldest.close()
         self.open.add(conn)
         return True
@@ -310,7 +333,7 @@ class HttpProtocol(asyncio.Protocol):
         # uvloop's transports are not asyncio.Transport subclasses; they have its methods.
         transport = self.transport = cast(asyncio.Transport, transport)
         if self.connections.stopping or not self.connections.admit(self):
-            err = HttpError(503, "too_many_connections",
+            err = HttpError(503, TOO_MANY_CONNECTIONS,
                             "Ferry serves as many connections as it can right now; retry "
                             "later", retry_after=1.0, close=True)
             self.closed = self.stopped = True
@@ -328,11 +351,19 @@ class HttpProtocol(asyncio.Protocol):
             tls.start_now(self.loop, transport, self, self.tls, self.limits.header_timeout,
                           functools.partial(self._tls_started, transport))
 
-    def _tls_started(self, plain: asyncio.Transport, secure: asyncio.Transport | None
-                     ) -> None:
+    def _tls_started(self, plain: asyncio.Transport, secure: asyncio.Transport | None,
+                     error: BaseException | None) -> None:
         """The handshake is over: requests are read and answered through ``secure``. A
-        failed one (or one on a connection closed meanwhile) ends the connection."""
+        failed one (or one on a connection closed meanwhile) ends the connection; one that
+        failed on a TLS error is counted and logged (a client without the certificate mTLS
+        asks for, plain HTTP on this port), a client that hung up is not."""
         if secure is None or self.closed:
+            if not self.closed and isinstance(error, ssl.SSLError):
+                self.connections.closed(TLS_HANDSHAKE)
+                what = error.reason or type(error).__name__
+                self.connections.said.warning(f"{TLS_HANDSHAKE}:{what}",
+                                              "HTTPS: a TLS handshake from %s failed: %s",
+                                              _peer(plain), error)
             self.close()
             plain.abort()
             return
@@ -820,6 +851,15 @@ class HttpProtocol(asyncio.Protocol):
             self._next()
         else:
             self.close()  # headers that never finished, or a keep-alive with nothing after
+
+
+def _peer(transport: asyncio.BaseTransport) -> str:
+    """The client's address for a log line: ``host:port``, ``[v6 host]:port``."""
+    peer = transport.get_extra_info("peername")
+    if not isinstance(peer, tuple) or len(peer) < 2:
+        return "an unknown address"
+    host, port = peer[0], peer[1]
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
 
 
 def _headers_too_large(limits: Limits) -> HttpError:

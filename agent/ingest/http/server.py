@@ -100,7 +100,10 @@ class HttpServer:
                              body_timeout=cfg.body_timeout_seconds,
                              keep_alive=cfg.keep_alive_seconds,
                              write_timeout=cfg.write_timeout_seconds)
-        self.connections = Connections(connection_cap(cfg.max_connections))
+        registry = runtime.registry
+        self.connections = Connections(
+            connection_cap(cfg.max_connections),
+            lambda reason: registry.inc("http_connections_closed", 1, reason=reason))
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None

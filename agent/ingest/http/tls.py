@@ -56,9 +56,9 @@ def server_context(cert_file: Path, key_file: Path, client_ca_file: Path | None
 
 def start_now(loop: asyncio.AbstractEventLoop, transport: asyncio.Transport,
               protocol: asyncio.Protocol, context: ssl.SSLContext, handshake_timeout: float,
-              done: Callable[[asyncio.Transport | None], None]) -> None:
+              done: Callable[[asyncio.Transport | None, BaseException | None], None]) -> None:
     """Start server-side TLS on ``transport`` before returning; ``done`` is called with the
-    TLS transport once the handshake is over, or with None if it failed.
+    TLS transport once the handshake is over, or with None and why if it failed.
 
     Called from ``connection_made()``. uvloop starts reading a new connection when
     ``connection_made()`` returns and ignores a ``pause_reading()`` made in it (asyncio had
@@ -76,9 +76,9 @@ def start_now(loop: asyncio.AbstractEventLoop, transport: asyncio.Transport,
         try:
             waiting = handshake.send(None)
         except StopIteration as finished:
-            done(finished.value)
-        except Exception:  # noqa: BLE001 - any failed handshake: refused, reset, timed out
-            done(None)
+            done(finished.value, None)
+        except Exception as exc:  # noqa: BLE001 - any failed handshake: refused, reset, ...
+            done(None, exc)
         else:
             if isinstance(waiting, asyncio.Future):
                 waiting.add_done_callback(step)
