@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import select
+import shutil
 import socket
 import ssl
 import subprocess
@@ -24,6 +26,7 @@ import pytest
 from agent.buffer.committer import Committer
 from agent.buffer.store import Store
 from agent.config import FerryConfig
+from agent.ingest.http import tls
 from agent.ingest.http.server import HttpBindError, HttpServer
 from agent.ingest.runtime import Runtime
 from agent.metrics import Registry
@@ -275,3 +278,46 @@ def test_bytes_waiting_when_the_connection_is_accepted_reach_tls(
         head = _publish_over_bio(served.server.tls_port, ca, body)
         assert head.startswith(b"HTTP/1.1 202 "), head
     assert [m.record.value for m in served.messages("tls")] == sent
+
+
+def _replace(path: Path, content: Path) -> None:
+    """As certificate managers write: a new file renamed over the old one."""
+    part = path.with_name(path.name + ".new")
+    shutil.copyfile(content, part)
+    os.replace(part, path)
+
+
+def test_a_renewed_certificate_serves_new_connections_without_a_restart(
+    serve: Callable[..., Served], ca: CertificateAuthority, server_cert: Issued,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(tls, "CHECK_SECONDS", 0.05)
+    live = tmp_path / "live"
+    live.mkdir()
+    cert, key = live / "server.pem", live / "server.key"
+    shutil.copyfile(server_cert.cert, cert)
+    shutil.copyfile(server_cert.key, key)
+    served = serve(http={"tls_listen": "127.0.0.1:0", "tls_cert_file": str(cert),
+                         "tls_key_file": str(key)})
+    assert _publish(served, "before", "--cacert", str(ca.cert)).stdout.endswith("\n202")
+
+    renewed_ca = CertificateAuthority(tmp_path / "pki", "renewed-ca")
+    renewed = renewed_ca.issue("server", server=True)
+    # Half a renewal (the new key, the old certificate) does not load: the old one serves.
+    _replace(key, renewed.key)
+    wait_until(lambda: any(r.levelno == logging.WARNING and "do not load" in r.getMessage()
+                           for r in caplog.records), timeout=WAIT,
+               message="the half renewal tried and refused")
+    assert _publish(served, "meanwhile", "--cacert", str(ca.cert)).stdout.endswith("\n202")
+
+    caplog.set_level(logging.INFO, logger="agent.ingest.http.tls")
+    _replace(cert, renewed.cert)
+    wait_until(lambda: any("new connections use the certificate" in r.getMessage()
+                           for r in caplog.records), timeout=WAIT,
+               message="the renewed certificate loaded")
+    done = _publish(served, "after", "--cacert", str(renewed_ca.cert))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.endswith("\n202")
+    assert _publish(served, "old trust", "--cacert", str(ca.cert)).returncode != 0
+    assert [m.record.value for m in served.messages("tls")] == [b"before", b"meanwhile",
+                                                                 b"after"]

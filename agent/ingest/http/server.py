@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import resource
 import socket
@@ -35,9 +34,10 @@ from typing import Any
 import uvloop
 
 from agent.ingest.gil import SWITCH_INTERVAL, lower_switch_interval
+from agent.ingest.http import tls as tls_files
 from agent.ingest.http.asgi import AsgiRunner
 from agent.ingest.http.protocol import Connections, DateHeader, HttpProtocol, Limits
-from agent.ingest.http.tls import TlsConfigError, server_context
+from agent.ingest.http.tls import TlsConfigError, TlsFiles
 from agent.ingest.runtime import Phase, Runtime
 from agent.process.gc_tuning import freeze_startup_heap
 
@@ -111,7 +111,7 @@ class HttpServer:
         self._serving = threading.Event()
         self._sock: socket.socket | None = None
         self._tls_sock: socket.socket | None = None
-        self._tls: ssl.SSLContext | None = None
+        self._tls: TlsFiles | None = None
         self._error: BaseException | None = None
         self.host = ""
         self.port = 0
@@ -132,8 +132,8 @@ class HttpServer:
         if cfg.tls_listen:
             assert cfg.tls_cert_file is not None and cfg.tls_key_file is not None  # config
             try:
-                self._tls = server_context(cfg.tls_cert_file, cfg.tls_key_file,
-                                           cfg.tls_client_ca_file)
+                self._tls = TlsFiles(cfg.tls_cert_file, cfg.tls_key_file,
+                                     cfg.tls_client_ca_file)
             except TlsConfigError as exc:
                 raise HttpBindError(f"HTTPS on {cfg.tls_listen}: {exc}") from None
         sock = _bind(cfg.host, cfg.port, self.listen)
@@ -189,13 +189,23 @@ class HttpServer:
                                 read_limit=publisher.max_batch_bytes, tls=tls)
 
         servers = [await loop.create_server(protocol, sock=sock, backlog=BACKLOG)]
-        if self._tls_sock is not None:
-            # Plain TCP, admitted under the cap like any connection; each starts TLS itself
-            # (HttpProtocol._start_tls), so handshakes in progress are bounded too.
-            servers.append(await loop.create_server(
-                functools.partial(protocol, self._tls), sock=self._tls_sock, backlog=BACKLOG))
+        watching: asyncio.Task[None] | None = None
+        if self._tls_sock is not None and self._tls is not None:
+            files = self._tls
+
+            def secure() -> HttpProtocol:
+                # Plain TCP, admitted under the cap like any connection; each starts TLS
+                # itself (tls.start_now), so handshakes in progress are bounded too. The
+                # context is read per connection: a renewed certificate serves new ones.
+                return protocol(files.context)
+
+            servers.append(await loop.create_server(secure, sock=self._tls_sock,
+                                                    backlog=BACKLOG))
+            watching = loop.create_task(_watch(files))
         self._serving.set()
         await self._stop.wait()
+        if watching is not None:
+            watching.cancel()
         # Graceful stop: no new connections, idle ones closed, the rest after their answer.
         connections.stopping = True
         for server in servers:
@@ -232,6 +242,14 @@ class HttpServer:
             if sock is not None:
                 sock.close()
         log.info("HTTP server stopped")
+
+
+async def _watch(files: TlsFiles) -> None:
+    """Look at the TLS files every ``tls.CHECK_SECONDS`` (three stat calls on the loop; a
+    changed file is loaded there too, once per renewal)."""
+    while True:
+        await asyncio.sleep(tls_files.CHECK_SECONDS)
+        files.refresh()
 
 
 def _tune_gc() -> None:

@@ -15,6 +15,11 @@ What TLS changes:
   until they finish: a flood of them would hold descriptors beyond the cap.
 - Bytes that are not TLS (plain HTTP on this port) are never parsed as requests: the
   handshake fails on them and the connection closes, nothing stored.
+- The certificate, key and client CA files are looked at every ``CHECK_SECONDS``
+  (``TlsFiles.refresh``): when one changed, a new context is built and new connections
+  get it; open ones keep theirs. Files that do not load (a key written before its
+  certificate, a half-copied file) leave the current context serving, with a warning, and
+  are tried again when they change again. So a renewed certificate needs no restart.
 - TLS has no half-close here: a client's ``close_notify`` ends the connection, so a client
   that shuts its sending side before reading its answers loses them (plain HTTP answers
   them).
@@ -23,9 +28,20 @@ What TLS changes:
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import ssl
 from collections.abc import Callable
 from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CHECK_SECONDS = 10.0  # how often the files are looked at (three stat calls)
+
+# A file as last seen: (device, inode, size, modification time in ns), or None if missing.
+# A replacement by rename (what certificate managers do) changes the inode; an edit in
+# place the size or the time.
+_Seen = tuple[int, int, int, int] | None
 
 
 class TlsConfigError(Exception):
@@ -52,6 +68,46 @@ def server_context(cert_file: Path, key_file: Path, client_ca_file: Path | None
                                  f"(http.tls_client_ca_file): {exc}") from None
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+class TlsFiles:
+    """The listener's context, built from its files and rebuilt when they change."""
+
+    def __init__(self, cert_file: Path, key_file: Path, client_ca_file: Path | None) -> None:
+        self.files = (cert_file, key_file, client_ca_file)
+        self._seen = self._look()
+        self.context = server_context(cert_file, key_file, client_ca_file)  # may raise
+
+    def _look(self) -> tuple[_Seen, ...]:
+        return tuple(_seen(f) for f in self.files if f is not None)
+
+    def refresh(self) -> bool:
+        """Rebuild the context if a file changed since last looked at; True if it was.
+        Files that do not load keep the current context (logged once per change)."""
+        seen = self._look()
+        if seen == self._seen:
+            return False
+        self._seen = seen
+        cert_file, key_file, client_ca_file = self.files
+        try:
+            context = server_context(cert_file, key_file, client_ca_file)
+        except TlsConfigError as exc:
+            log.warning("HTTPS: the TLS files changed but do not load; new connections keep "
+                        "the certificate loaded before (tried again when they change): %s",
+                        exc)
+            return False
+        self.context = context
+        log.info("HTTPS: the TLS files changed; new connections use the certificate in %s",
+                 cert_file)
+        return True
+
+
+def _seen(path: Path) -> _Seen:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def start_now(loop: asyncio.AbstractEventLoop, transport: asyncio.Transport,
