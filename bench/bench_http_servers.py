@@ -12,6 +12,8 @@ forwarder process, one tansu broker for all), differing only in its HTTP stage:
 - ``granian-rsgi``: granian's embedded server on the agent's own uvloop thread, an RSGI
   adapter handing each publish to ``Publisher.direct`` (bench/http_candidates/);
 - ``granian-asgi``: the same server serving the ``FerryApp`` over ASGI (``Publisher.__call__``);
+- ``ferry-https`` (not run unless named): today's front door over its HTTPS listener
+  (``http.tls_listen``, a test CA's certificate, no client certificate), what TLS costs;
 
 plus the issue's baseline, a do-nothing asyncio server on uvloop that answers a canned 202
 after finding the end of each request.
@@ -53,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 CANDIDATES = ("ferry", "granian-rsgi", "granian-asgi")
+HTTPS = "ferry-https"  # Ferry's own protocol over TLS: a mode of the same front door
 NULL = "do-nothing"
 _CONTENT_LENGTH = re.compile(rb"content-length: *(\d+)", re.IGNORECASE)
 
@@ -65,7 +68,7 @@ def agent_main(config_path: str, candidate: str, conn: Connection) -> None:
     from agent.daemon.agent import Agent
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if candidate != "ferry":
+    if candidate not in ("ferry", HTTPS):
         from http_candidates.granian_stage import GranianStage
 
         interface = candidate.split("-", 1)[1]
@@ -73,7 +76,7 @@ def agent_main(config_path: str, candidate: str, conn: Connection) -> None:
     config = load_config(Path(config_path), system_default=False)
     agent = Agent(config)
     agent.start()
-    conn.send(config.http.port)
+    conn.send(config.http.tls_port if candidate == HTTPS else config.http.port)
     while (command := conn.recv()) != "stop":
         if command == "drain":  # until the forwarder has shipped everything
             deadline = time.monotonic() + 600
@@ -160,13 +163,13 @@ end
 """
 
 
-def wrk(port: int, path: str, connections: int, seconds: float, size: int) -> dict[str, Any]:
+def wrk(url: str, connections: int, seconds: float, size: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "publish.lua"
         script.write_text(_WRK_LUA % {"size": size})
         out = subprocess.run(
             ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--timeout", "10s",
-             "-s", str(script), f"http://127.0.0.1:{port}{path}"],
+             "-s", str(script), url],
             capture_output=True, text=True, check=True, timeout=seconds + 120).stdout
     line = next(x for x in out.splitlines() if x.startswith("FIGURES "))
     requests, micros, p50, p99, n201, n202, errors = map(int, line.split()[1:])
@@ -174,10 +177,9 @@ def wrk(port: int, path: str, connections: int, seconds: float, size: int) -> di
             "p99_ms": p99 / 1000, "201": n201, "202": n202, "socket_errors": errors}
 
 
-def measure(pid: int, port: int, path: str, connections: int, args: argparse.Namespace
-            ) -> dict[str, Any]:
+def measure(pid: int, url: str, connections: int, args: argparse.Namespace) -> dict[str, Any]:
     ingest, forwarder = cpu_seconds(pid), children_cpu(pid)
-    result = wrk(port, path, connections, args.seconds, args.size)
+    result = wrk(url, connections, args.seconds, args.size)
     n = max(1, result["requests"])
     result["per_s"] = round(result["requests"] / result["elapsed_s"])
     result["cpu_us"] = round((cpu_seconds(pid) - ingest) / n * 1e6, 1)
@@ -201,15 +203,16 @@ def main() -> None:
                     "shared cores, and the next run would pay for its backlog")
     args = ap.parse_args()
     candidates = [c for c in args.candidates.split(",") if c]
-    unknown = set(candidates) - set(CANDIDATES)
+    unknown = set(candidates) - {*CANDIDATES, HTTPS}
     if unknown:
-        sys.exit(f"unknown candidate(s) {sorted(unknown)}; known: {CANDIDATES}")
+        sys.exit(f"unknown candidate(s) {sorted(unknown)}; known: {(*CANDIDATES, HTTPS)}")
     modes = args.modes.split(",")
     counts = [int(c) for c in args.connections.split(",")]
 
     from agent.config import ForwarderConfig
     from tests.agent_harness import write_config
-    from tests.kafka import Broker, create_topic, read_topic
+    from tests.certificates import CertificateAuthority
+    from tests.kafka import Broker, create_topic, free_port, read_topic
 
     ctx = multiprocessing.get_context("spawn")
     rows: list[dict[str, Any]] = []
@@ -221,7 +224,12 @@ def main() -> None:
             for cand in candidates:
                 for mode in modes:
                     create_topic(broker.bootstrap, f"{cand}-{mode}", 8)
-                path = write_config(Path(tmp) / cand, broker.bootstrap,
+                http: dict[str, Any] = {}
+                if cand == HTTPS:  # wrk does not check the certificate; curl would need the CA
+                    cert = CertificateAuthority(Path(tmp) / "pki").issue("server", server=True)
+                    http = {"tls_listen": f"127.0.0.1:{free_port()}",
+                            "tls_cert_file": cert.cert, "tls_key_file": cert.key}
+                path = write_config(Path(tmp) / cand, broker.bootstrap, http=http or True,
                                     buffer={"max_bytes": 8 * 1024**3},
                                     forwarder={"linger_ms": ForwarderConfig().linger_ms},
                                     topics={f"{cand}-202": {"ack_timeout_ms": 0}})
@@ -243,7 +251,9 @@ def main() -> None:
                     for cand, mode in runs:
                         proc, _, port = agents[cand]
                         topic = "null" if cand == NULL else f"{cand}-{mode}"
-                        r = measure(proc.pid, port, f"/topics/{topic}", connections, args)
+                        scheme = "https" if cand == HTTPS else "http"
+                        r = measure(proc.pid, f"{scheme}://127.0.0.1:{port}/topics/{topic}",
+                                    connections, args)
                         if cand != NULL:
                             acked[topic] = acked.get(topic, 0) + r["201"] + r["202"]
                         rows.append({"server": cand, "mode": mode, "connections": connections,

@@ -23,6 +23,7 @@ import threading
 from typing import Any
 
 from agent.ingest.http.app import FerryApp, create_app
+from agent.ingest.http.publish import Headers, header_pairs
 from agent.ingest.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -48,17 +49,18 @@ class RsgiPublish:
         body = await proto()
         headers = [(k.encode("latin-1"), v.encode("latin-1"))
                    for k, v in scope.headers.items()]
-        answered: asyncio.Future[tuple[int, list[tuple[bytes, bytes]], bytes]] = (
+        answered: asyncio.Future[tuple[int, Headers, bytes]] = (
             asyncio.get_running_loop().create_future())
 
-        def reply(status: int, out: list[tuple[bytes, bytes]], answer: bytes) -> None:
+        def reply(status: int, out: Headers, answer: bytes) -> None:
             if not answered.done():
                 answered.set_result((status, out, answer))
 
         self.publisher.direct(topic, batch, headers, body, reply)
         status, out, answer = await answered
         proto.response_bytes(status, [(k.decode("latin-1"), v.decode("latin-1"))
-                                      for k, v in out if k != b"content-length"], answer)
+                                      for k, v in header_pairs(out)
+                                      if k.lower() != b"content-length"], answer)
 
 
 def _publish_target(method: str, path: str) -> tuple[str, bool] | None:
