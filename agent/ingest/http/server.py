@@ -249,7 +249,10 @@ async def _watch(files: TlsFiles) -> None:
     changed file is loaded there too, once per renewal)."""
     while True:
         await asyncio.sleep(tls_files.CHECK_SECONDS)
-        files.refresh()
+        try:
+            files.refresh()
+        except Exception:  # noqa: BLE001 - keep serving the context there is, keep looking
+            log.exception("HTTPS: looking at the TLS files failed")
 
 
 def _tune_gc() -> None:
