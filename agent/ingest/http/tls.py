@@ -1,4 +1,5 @@
-"""The HTTPS listener's TLS settings (``http.tls_*``): one ``ssl.SSLContext``, built at start.
+"""The HTTPS listener's TLS settings (``http.tls_*``): its ``ssl.SSLContext``, built at start
+and rebuilt when its files change (``TlsFiles``), and the start of TLS on a connection.
 
 TLS is the standard library's (``ssl``, OpenSSL) under uvloop's transport; the HTTP on top of
 it is the same protocol, limits and connection cap as the plain listener's (protocol.py).
@@ -123,7 +124,9 @@ def start_now(loop: asyncio.AbstractEventLoop, transport: asyncio.Transport,
     which cannot hand it on: the handshake stalled until the headers' deadline. So the
     first step of ``loop.start_tls()``, which puts the TLS protocol in front of the
     transport, runs here; the coroutine is then resumed as each future it waits for is
-    done, as a task would resume it.
+    done, as a task would resume it. Bytes read before the TLS protocol's own
+    ``connection_made()`` (scheduled by that first step) wait in its incoming buffer for the
+    handshake; tests/http/test_tls.py sends ClientHellos that are waiting at accept.
     """
     handshake = loop.start_tls(transport, protocol, context, server_side=True,
                                ssl_handshake_timeout=handshake_timeout)
