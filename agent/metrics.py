@@ -56,6 +56,16 @@ DEFINITIONS: dict[str, MetricDef] = {
         MetricDef("delivery_failures", "counter",
                   "Failed delivery attempts (the message stays buffered and is retried).",
                   ("topic", "cluster", "error")),
+        MetricDef("messages_isolated", "counter",
+                  "Messages sent again in a batch of their own after Kafka refused a batch "
+                  "they were in (agent/forwarder/isolation.py).", ("topic",)),
+        MetricDef("messages_refused", "counter",
+                  "Messages Kafka refused alone, by Kafka's error; each is discarded as "
+                  "invalid (also in messages_discarded).", ("topic", "cluster", "error")),
+        MetricDef("messages_restamped", "counter",
+                  "Messages sent with the send time after waiting in the buffer past their "
+                  "topic's timestamp limit; the original time is in a header "
+                  "(agent/forwarder/timestamps.py).", ("topic",)),
         MetricDef("buffer_commits", "counter", "Durable buffer transactions committed.",
                   ("writer",)),
         MetricDef("buffer_commit_seconds", "histogram",

@@ -5,6 +5,13 @@ message and send it again (until its topic's ``ttl_seconds``, or ``max_attempts`
 error that can never succeed for *that message* discards it (reason ``invalid``): sending the
 same bytes again would fail the same way for ever and hold its topic up behind it.
 
+Kafka validates a whole record batch and refuses it whole, and librdkafka then fails every
+message of the batch with the batch's error. So an error about the message itself (too large,
+a bad timestamp, a record the topic cannot take) says only that *something* in its batch was
+refused: those errors ``isolate`` the message, which is sent again in a batch of its own
+(isolation.py), and only a message refused alone is discarded, with Kafka's reason. This is
+what Kafka's Java producer does for a batch too large, extended to every per-record refusal.
+
 Errors an operator can fix (an ACL, a topic not created yet, credentials) are retried too:
 a wrong ACL must cost a delay, never the backlog. While a topic fails with one of those, its
 row on the status page says so and health is CRITICAL naming the topic and the error
@@ -21,7 +28,7 @@ from typing import Literal
 
 from confluent_kafka import KafkaError
 
-Action = Literal["retry", "discard"]
+Action = Literal["retry", "discard", "isolate"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,23 +46,27 @@ def _retry(why: str, operator: bool = False) -> Policy:
     return Policy("retry", operator, why)
 
 
+def _isolate(why: str) -> Policy:
+    return Policy("isolate", False, why)
+
+
 _E = KafkaError
 
 POLICY: dict[int, Policy] = {
-    # The message itself: these answers do not change when the same bytes are sent again.
-    _E.MSG_SIZE_TOO_LARGE: _discard(
-        "the message is larger than the producer's message.max.bytes or the topic's "
-        "max.message.bytes"),
-    _E.RECORD_LIST_TOO_LARGE: _discard("the message alone is larger than a request may be"),
-    _E.INVALID_MSG_SIZE: _discard("the broker finds the message's size invalid"),
-    _E.INVALID_MSG: _discard(
-        "the broker refuses the record as corrupt (on older brokers: a message without a "
-        "key for a compacted topic)"),
-    _E.INVALID_RECORD: _discard(
-        "the broker refuses the record (e.g. no key for a compacted topic)"),
-    _E.INVALID_TIMESTAMP: _discard(
-        "the message's timestamp is outside the topic's message.timestamp.difference.max.ms; "
-        "it only gets older"),
+    # The message itself, or a neighbour in its batch: sent again alone; discarded only when
+    # refused alone (the same bytes alone fail the same way for ever).
+    _E.MSG_SIZE_TOO_LARGE: _isolate(
+        "the batch (or the message alone) is larger than the topic's max.message.bytes"),
+    _E.RECORD_LIST_TOO_LARGE: _isolate("the batch is larger than a request may be"),
+    _E.INVALID_MSG_SIZE: _isolate("the broker finds the batch's size invalid"),
+    _E.INVALID_MSG: _isolate(
+        "the broker refuses a record as corrupt (on older brokers: a message without a key "
+        "for a compacted topic)"),
+    _E.INVALID_RECORD: _isolate(
+        "the broker refuses a record (e.g. no key for a compacted topic)"),
+    _E.INVALID_TIMESTAMP: _isolate(
+        "a timestamp is outside the topic's message.timestamp.before/after.max.ms; alone, "
+        "the timestamp rule decides (timestamps.py)"),
     _E.TOPIC_EXCEPTION: _discard("the topic name is invalid for this cluster"),
     # Fixable by an operator: keep the backlog, flag the topic, CRITICAL.
     _E.TOPIC_AUTHORIZATION_FAILED: _retry(
@@ -103,6 +114,13 @@ POLICY: dict[int, Policy] = {
     _E._PURGE_INFLIGHT: _retry("Ferry withdrew an in-flight send (producer replaced)"),
 }
 
+# librdkafka's word for a message failed only because another record of its batch was
+# refused (KIP-467): innocent, sent again alone. Absent from older librdkafka builds.
+INVALID_DIFFERENT_RECORD: int | None = getattr(_E, "_INVALID_DIFFERENT_RECORD", None)
+if INVALID_DIFFERENT_RECORD is not None:
+    POLICY[INVALID_DIFFERENT_RECORD] = _isolate(
+        "another record of the same batch was refused: this one is innocent")
+
 # Any other error: kept and retried. A code not listed above is one nobody judged; the safe
 # verdict for a store-and-forward agent is to keep the message.
 DEFAULT = _retry("not classified: kept and retried until the TTL")
@@ -113,9 +131,22 @@ def policy(code: int) -> Policy:
 
 
 def discards(code: int) -> bool:
-    """True for the errors after which the message can never be delivered."""
+    """True for the errors after which the message can never be delivered, whatever it
+    was sent with."""
     p = POLICY.get(code)
     return p is not None and p.action == "discard"
+
+
+def isolates(code: int) -> bool:
+    """True for a refusal of the batch the message was in: it needs a send of its own."""
+    p = POLICY.get(code)
+    return p is not None and p.action == "isolate"
+
+
+def refused_alone(code: int) -> bool:
+    """True when ``code``, answered to a message sent alone (or refused by produce() before
+    any batch), is the verdict on that message itself."""
+    return discards(code) or (isolates(code) and code != INVALID_DIFFERENT_RECORD)
 
 
 def needs_operator(code: int) -> bool:
@@ -132,7 +163,8 @@ def answered(code: int) -> bool:
     """True when the error is the cluster's verdict on the message or its topic (discarded,
     or only an operator can fix it): proof the cluster answers, for its state (health.py)."""
     p = POLICY.get(code)
-    return p is not None and (p.action == "discard" or p.operator) and code not in _NOT_ANSWERS
+    return (p is not None and (p.action != "retry" or p.operator)
+            and code not in _NOT_ANSWERS)
 
 
 def name(code: int) -> str:

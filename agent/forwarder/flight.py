@@ -30,6 +30,11 @@ class Flight:
     sent_remote_at: float = 0.0
     done: bool = False
     last_error: str = ""
+    # Kafka refused a batch this message was in: it is sent in a batch of its own until it
+    # has its own verdict (isolation.py).
+    alone: bool = False
+    # Sent stamped with the send time, its own timestamp in a header (timestamps.py).
+    restamp: bool = False
     # Where a local send's delivery report goes: the Flight itself is the on_delivery callback
     # of the common path, which saves a partial per message.
     sink: list[Report] | None = None

@@ -12,7 +12,7 @@ from confluent_kafka import KafkaError
 
 from agent import reasons
 from agent.buffer import keys
-from agent.forwarder import failures
+from agent.forwarder import failures, isolation
 from agent.forwarder.flight import LOCAL, REMOTE, Flight
 from agent.forwarder.loop_state import LoopState, log
 from agent.forwarder.topic_state import TopicState
@@ -38,12 +38,50 @@ class Retries(LoopState):
             self._replace_producer(cluster, f.settings.acks, err)
         if failures.answered(code):
             self.clusters[cluster].health.answered()  # the cluster is up, the message is not
+        if failures.isolates(code):
+            self._refused(f, cluster, err, purge)
+            return
         permanent = failures.discards(code)
         if not permanent and code != KafkaError._PURGE_QUEUE:
             purge.add((cluster, f.settings.acks))
         self._failed(f, cluster, err.str() or err.name(), permanent=permanent,
                      code=err.name(), attempt=code != KafkaError._PURGE_QUEUE,
                      operator=failures.needs_operator(code))
+
+    def _refused(self, f: Flight, cluster: str, err: KafkaError,
+                 purge: set[tuple[str, str]]) -> None:
+        """Kafka refused ``f``'s batch, or ``f`` alone: isolation.py says what follows."""
+        code, topic = err.code(), f.msg.topic
+        r = f.msg.record
+        now_ms = int(time.time() * 1000)
+        verdict = isolation.verdict(code, f.alone, f.restamp, r.timestamp_ms,
+                                    f.msg.accepted_ms, now_ms)
+        detail = f"{err.name()}: {err.str()}"
+        if verdict == "discard":
+            self.registry.inc("messages_refused", topic=topic, cluster=cluster,
+                              error=err.name())
+            self._failed(f, cluster, f"refused alone: {detail}", permanent=True,
+                         code=err.name())
+            return
+        # Kept: the messages queued behind it must not overtake its next send (per-key
+        # order), as after any failure.
+        purge.add((cluster, f.settings.acks))
+        if verdict == "clock_skew":
+            skew = (r.timestamp_ms - now_ms) / 1000.0
+            self._failed(f, cluster, f"{detail} (the message's timestamp is {skew:+.0f} s from "
+                         "this host's clock, outside the topic's limits by the broker's: are "
+                         "the clocks apart?)", permanent=False, code=err.name(), operator=True)
+            return
+        self.registry.inc("delivery_failures", topic=topic, cluster=cluster, error=err.name())
+        if verdict == "restamp":
+            f.restamp = True
+            self.registry.inc("messages_restamped", topic=topic)
+        elif not f.alone:
+            self.registry.inc("messages_isolated", topic=topic)
+        f.alone = True
+        f.last_error = detail
+        if f.pending == 0:
+            self._schedule_retry(f, 0.0)
 
     def _replace_producer(self, cluster: str, acks: str, err: KafkaError) -> None:
         now = time.monotonic()
@@ -115,6 +153,11 @@ class Retries(LoopState):
             st.retry_at = 0.0
             self._retry_topics.discard(topic)
             gen = self._generations.get(topic, 0)
+            if any(f.alone for f in due):
+                # One of them must go alone: all of them do, through the same producer, or
+                # a neighbour sent through the batching one could overtake it (key order).
+                for f in due:
+                    f.alone = True
             for i, f in enumerate(due):
                 if f.done:
                     continue

@@ -22,7 +22,7 @@ class Routing(LoopState):
         layout = local.layout(topic)
         if layout is None:
             return None
-        return local.producer(settings.acks), layout
+        return local.producer(settings.acks, local.batch(topic)), layout
 
     def _layout_known(self, topic: str) -> bool:
         local = self.clusters[LOCAL]

@@ -21,11 +21,12 @@ from confluent_kafka import KafkaError, KafkaException
 from agent.buffer import codec
 from agent.buffer.store import Corrupt, StoredMessage, message
 from agent.config import TopicConfig
-from agent.forwarder import failures
+from agent.forwarder import failures, timestamps
 from agent.forwarder.flight import LOCAL, Flight, value_report
 from agent.forwarder.loop_state import LoopState
 from agent.forwarder.partitioner import UNASSIGNED, TopicLayout, choose
 from agent.forwarder.plain import NOT_PLAIN, plain_values
+from agent.forwarder.topic_limits import ALONE
 from agent.forwarder.topic_state import TopicState
 
 
@@ -153,15 +154,20 @@ class Sending(LoopState):
         if layout is None and not cluster.known_missing(r.topic):
             return None  # partitions not known yet: a PartitionKey message must not guess
         partition = choose(layout, r.partition_key, r.hash_key)
-        producer = cluster.producer(f.settings.acks)
+        producer = cluster.producer(f.settings.acks,
+                                    ALONE if f.alone else cluster.batch(r.topic))
+        headers: timestamps.Headers | None = list(r.headers) if r.headers else None
+        timestamp = r.timestamp_ms
+        if f.restamp:
+            headers, timestamp = timestamps.restamp_headers(headers, timestamp), 0  # now
         try:
             producer.produce(
                 r.topic,
                 value=r.value,
                 key=r.key,
                 partition=partition if partition != UNASSIGNED else -1,
-                timestamp=r.timestamp_ms,
-                headers=list(r.headers) if r.headers else None,
+                timestamp=timestamp,
+                headers=headers,
                 on_delivery=partial(self._on_delivery, f, cluster_name),
             )
         except BufferError:
@@ -189,7 +195,11 @@ class Sending(LoopState):
             # A producer in librdkafka's fatal state refuses every produce() this way, and no
             # delivery report will come to say so: start a fresh one.
             self._replace_producer(cluster, f.settings.acks, err)
-        self._failed(f, cluster, str(exc),
-                     permanent=code is not None and failures.discards(code),
+        # produce() checks the message alone, before any batch: its verdict is final.
+        refused = code is not None and failures.refused_alone(code)
+        if refused and err is not None:
+            self.registry.inc("messages_refused", topic=f.msg.topic, cluster=cluster,
+                              error=err.name())
+        self._failed(f, cluster, str(exc), permanent=refused,
                      code=err.name() if err is not None else "error",
                      operator=code is not None and failures.needs_operator(code))

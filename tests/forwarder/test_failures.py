@@ -91,21 +91,26 @@ def test_an_operator_fixable_error_keeps_the_backlog_flags_it_and_recovers(
 
 
 @pytest.mark.parametrize("code", [KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_RECORD,
-                                  KafkaError.INVALID_TIMESTAMP],
+                                  KafkaError.INVALID_MSG],
                          ids=lambda c: KafkaError(c).name())
 def test_an_error_that_can_never_succeed_discards_only_that_message(
     setup: Setup, code: int  # noqa: F811
 ) -> None:
+    """Refused in a batch, then refused alone (isolation.py): only then discarded."""
     local = FakeCluster()
     fwd = setup.forwarder({"local": local})
     setup.store.append([[Record("t", b"bad"), Record("t", b"good")]])
     run_until(fwd, lambda: len(local.p.pending) == 2, "both sent")
     local.p._answer(b"bad", KafkaError(code))
     local.p.ack(b"good")
+    run_until(fwd, lambda: len(local.p.pending) == 1, "the refused one sent again, alone")
+    assert setup.discard_reasons() == []
+    local.p._answer(b"bad", KafkaError(code))
     run_until(fwd, lambda: not setup.store.topic_stats(), "both to leave the buffer")
     assert setup.discard_reasons() == ["invalid"]
     view = fwd.registry.view()
     assert view.total("messages_discarded", topic="t", reason="invalid") == 1
+    assert view.total("messages_refused", topic="t", error=KafkaError(code).name()) == 1
     assert view.total("messages_delivered", topic="t") == 1
 
 
@@ -117,9 +122,14 @@ def test_an_error_nobody_classified_is_retried() -> None:
 def test_only_message_errors_discard() -> None:
     discarding = {failures.name(c) for c, p in failures.POLICY.items()
                   if p.action == "discard"}
-    assert discarding == {"MSG_SIZE_TOO_LARGE", "RECORD_LIST_TOO_LARGE", "INVALID_MSG_SIZE",
-                          "INVALID_MSG", "INVALID_RECORD", "INVALID_TIMESTAMP",
-                          "TOPIC_EXCEPTION"}
+    assert discarding == {"TOPIC_EXCEPTION"}
+    # The errors about a message or its batch: discarded only when refused alone.
+    isolating = {failures.name(c) for c, p in failures.POLICY.items()
+                 if p.action == "isolate"}
+    assert isolating == {"MSG_SIZE_TOO_LARGE", "RECORD_LIST_TOO_LARGE", "INVALID_MSG_SIZE",
+                         "INVALID_MSG", "INVALID_RECORD", "INVALID_TIMESTAMP",
+                         "_INVALID_DIFFERENT_RECORD"}
+    assert not failures.refused_alone(KafkaError._INVALID_DIFFERENT_RECORD)
     assert failures.needs_operator(KafkaError.TOPIC_AUTHORIZATION_FAILED)
     assert not failures.needs_operator(KafkaError._MSG_TIMED_OUT)
 

@@ -39,6 +39,8 @@ class FakeProducer:
 
     def __init__(self) -> None:
         self.sent: list[tuple[bytes, Callback]] = []  # in produce order, never removed
+        # (value, timestamp, headers) of each produce(), in order, never removed
+        self.stamps: list[tuple[bytes, int, Any]] = []
         self.pending: list[tuple[bytes, Callback]] = []
         self._answers: list[tuple[Callback, KafkaError | None, _Message]] = []
         self._offset = 0
@@ -50,6 +52,7 @@ class FakeProducer:
         cb = callback or on_delivery
         assert cb is not None
         self.sent.append((value, cb))
+        self.stamps.append((value, timestamp, headers))
         self.pending.append((value, cb))
 
     def _answer(self, value: bytes, err: KafkaError | None) -> None:
@@ -84,6 +87,7 @@ class FakeCluster:
         self.health.probe_answered(1)  # no probe thread here: the test plays the cluster
         self.brokers = 1
         self.p = FakeProducer()
+        self.batches: list[int] = []  # the batch size of each producer() call, in order
 
     @property
     def up(self) -> bool:
@@ -102,8 +106,12 @@ class FakeCluster:
     def known_missing(self, topic: str) -> bool:
         return False
 
-    def producer(self, acks: str) -> FakeProducer:
+    def producer(self, acks: str, batch: int = 0) -> FakeProducer:
+        self.batches.append(batch)
         return self.p
+
+    def batch(self, topic: str) -> int:
+        return 0  # the topic's limits are not learnt here: librdkafka's default batches
 
     def poll(self) -> int:
         return self.p.poll(0)
