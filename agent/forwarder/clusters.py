@@ -18,6 +18,7 @@ from agent.config import ForwarderConfig, KafkaClusterConfig
 from agent.forwarder.health import ClusterHealth
 from agent.forwarder.partitioner import TopicLayout
 from agent.forwarder.probe import Probe
+from agent.forwarder.topic_limits import ALONE, TopicLimits, batch_bytes, describe
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,13 @@ _RDKAFKA_LOG.addFilter(_RateLimit())
 
 METADATA_INTERVAL = 10.0  # seconds between full metadata refreshes
 METADATA_TIMEOUT = 3.0
+LIMITS_INTERVAL = 60.0  # seconds between looks at the topics' limits (an operator may alter)
+# librdkafka's own size check (message.max.bytes) counts a record's framing and headers,
+# which Ferry's max_message_bytes (key + value) does not: left at its 1,000,000 it refused
+# messages Ferry had accepted under Ferry's own default limit. Ferry's intake limit decides
+# what is accepted and the topic's max.message.bytes what Kafka takes; librdkafka's check
+# must be neither, so it is set out of the way.
+MESSAGE_MAX_BYTES = 100 * 1024 * 1024
 
 
 def producer_config(
@@ -64,6 +72,7 @@ def producer_config(
         "compression.type": fwd.compression,
         "linger.ms": fwd.linger_ms,
         "batch.num.messages": 10000,
+        "message.max.bytes": MESSAGE_MAX_BYTES,
         "queue.buffering.max.messages": max(2 * fwd.max_in_flight_messages, 100000),
         "queue.buffering.max.kbytes": 1048576,
         # A message not acknowledged in this time is reported failed and Ferry re-sends it;
@@ -84,6 +93,21 @@ def producer_config(
     return conf
 
 
+def batch_config(conf: dict[str, Any], batch: int) -> dict[str, Any]:
+    """``conf`` for a producer of smaller batches: ``batch`` bytes at most (topic_limits.py),
+    or one message a batch (``ALONE``: its own verdict from the broker, isolation.py)."""
+    if not batch:
+        return conf
+    conf = dict(conf)
+    conf["client.id"] = f"{conf['client.id']}-{'alone' if batch == ALONE else batch}"
+    if batch == ALONE:
+        conf["batch.num.messages"] = 1
+        conf["linger.ms"] = 0
+    else:
+        conf["batch.size"] = batch
+    return conf
+
+
 class Cluster:
     def __init__(
         self,
@@ -96,7 +120,10 @@ class Cluster:
         self.config = config
         self.forwarder = forwarder
         self._on_error = on_error
-        self._producers: dict[str, Producer] = {}
+        # By (acks, batch): batch 0 is librdkafka's default batch size, any other value a
+        # producer for topics limited below it, or for messages sent alone (batch_config).
+        self._producers: dict[tuple[str, int], Producer] = {}
+        self._limits: dict[str, TopicLimits] = {}  # learnt from the cluster (topic_limits.py)
         self._layouts: dict[str, TopicLayout] = {}
         self._missing: set[str] = set()  # looked up, not in the cluster's metadata
         self._wanted: set[str] = set()
@@ -114,15 +141,27 @@ class Cluster:
                                         daemon=True)
 
     # -- producers -------------------------------------------------------------------------
-    def producer(self, acks: str) -> Producer:
-        p = self._producers.get(acks)
+    def producer(self, acks: str, batch: int = 0) -> Producer:
+        """The producer for ``acks`` building batches of ``batch`` bytes at most (0:
+        librdkafka's default; ``ALONE``: one message a batch). Made on first use."""
+        p = self._producers.get((acks, batch))
         if p is None:
-            conf = producer_config(self.name, acks, self.config, self.forwarder)
+            conf = batch_config(producer_config(self.name, acks, self.config, self.forwarder),
+                                batch)
             conf["error_cb"] = self._error
             conf["logger"] = _RDKAFKA_LOG
-            p = self._producers[acks] = Producer(conf)
+            p = self._producers[(acks, batch)] = Producer(conf)
             self._ensure_metadata_thread()
         return p
+
+    def batch(self, topic: str) -> int:
+        """The batch size ``topic``'s messages are sent in (``producer``'s ``batch``)."""
+        return batch_bytes(self._limits.get(topic))
+
+    def limits(self, topic: str) -> TopicLimits | None:
+        """``topic``'s limits as last learnt from the cluster, or None (not learnt yet, or
+        the cluster would not describe it)."""
+        return self._limits.get(topic)
 
     def _ensure_metadata_thread(self) -> None:
         if not self._thread.is_alive() and not self._stop.is_set():
@@ -130,9 +169,10 @@ class Cluster:
                 self._thread.start()
 
     def replace_producer(self, acks: str) -> None:
-        """Drop a producer that hit a fatal error; the next send builds a fresh one."""
-        old = self._producers.pop(acks, None)
-        if old is not None:
+        """Drop the producers of ``acks`` after a fatal error; the next send builds fresh
+        ones."""
+        for key in [k for k in self._producers if k[0] == acks]:
+            old = self._producers.pop(key)
             # Purged messages are reported failed (and so re-sent by the forwarder).
             old.purge(in_queue=True, in_flight=True)
             deadline = time.monotonic() + 2.0
@@ -143,9 +183,9 @@ class Cluster:
     def purge_queued(self, acks: str) -> None:
         """Fail the messages a producer holds that were not sent yet (safe: none of them
         reached a broker); each is reported with ``_PURGE_QUEUE`` and sent again later."""
-        p = self._producers.get(acks)
-        if p is not None:
-            p.purge(in_queue=True, in_flight=False, blocking=False)
+        for key, p in list(self._producers.items()):
+            if key[0] == acks:
+                p.purge(in_queue=True, in_flight=False, blocking=False)
 
     def start_probing(self) -> None:
         """Probe the cluster on a period from now on, with or without traffic."""
@@ -224,7 +264,7 @@ class Cluster:
 
     def refresh(self, topic: str | None = None) -> None:
         """Fetch metadata now (all topics, or one — which auto-creates it where allowed)."""
-        producer = self._producers.get("all") or self._producers.get("leader") \
+        producer = self._producers.get(("all", 0)) or self._producers.get(("leader", 0)) \
             or self.producer("all")
         md = producer.list_topics(topic=topic, timeout=METADATA_TIMEOUT)
         layouts: dict[str, TopicLayout] = {}
@@ -262,8 +302,27 @@ class Cluster:
                              if n not in layouts and n not in self._used]:
                     del self._layouts[name]
 
+    def learn_limits(self, topics: list[str]) -> None:
+        """Describe ``topics``' configurations and keep their limits (topic_limits.py).
+        Through the probe's admin client: no connection of its own. Without a probe (not
+        started yet) nothing is learnt and the defaults apply."""
+        probe = self._probe
+        if probe is None or not topics:
+            return
+        learnt = describe(probe.admin, topics, METADATA_TIMEOUT)
+        for topic, new in learnt.items():
+            old = self._limits.get(topic)
+            if old != new:
+                log.info("topic %s on cluster %s: max.message.bytes=%d%s; sent in batches of "
+                         "%s", topic, self.name, new.max_message_bytes,
+                         ", compacted" if new.compacted else "",
+                         {0: "the default size", ALONE: "one message"}.get(
+                             batch_bytes(new), f"{batch_bytes(new)} bytes at most"))
+        self._limits.update(learnt)
+
     def _metadata_loop(self) -> None:
         next_full = 0.0
+        next_limits = 0.0
         while not self._stop.is_set():
             self._wake.wait(timeout=0.5)
             self._wake.clear()
@@ -272,8 +331,14 @@ class Cluster:
             try:
                 with self._lock:
                     wanted = sorted(self._wanted)
+                # The limits before the layout: a topic is sent to once its layout is
+                # known, and its first batch is then already of the right size.
+                self.learn_limits([t for t in wanted if t not in self._limits])
                 for topic in wanted:
                     self.refresh(topic)
+                if time.monotonic() >= next_limits:
+                    self.learn_limits(self.topics())
+                    next_limits = time.monotonic() + LIMITS_INTERVAL
                 if time.monotonic() >= next_full:
                     self.refresh()
                     next_full = time.monotonic() + METADATA_INTERVAL

@@ -62,6 +62,12 @@ class Probe:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def admin(self) -> AdminClient:
+        """The probe's admin client, for the cluster's other occasional questions (a
+        topic's limits): one connection serves them all."""
+        return self._admin
+
     def stop(self) -> None:
         # Not waited for long: a probe of an unreachable cluster runs up to its timeout, and
         # a shutdown must not wait on it (the thread is a daemon; its verdict is moot now).
