@@ -11,6 +11,13 @@ the producer hit a fatal error) the producer is dropped and a new one opened: it
 of the uncertain tail (progress.py) say which buffered messages are already in Kafka; those
 leave the buffer as delivered and the rest is sent again. A blocking thread of its own keeps
 commits, which wait for the cluster, out of the at-least-once loop.
+
+A transaction Kafka refused a message of (too large, a bad timestamp, a record the topic
+cannot take: failures.py's isolating errors) is aborted, a certain outcome, and done again at
+once with the same producer: the suspects are then sent alone, each between two flushes, so
+the broker's answer is about that message only (isolation.py). One refused alone is
+discarded with Kafka's reason and the transaction done again without it; every other message
+and topic goes on, delayed by one or two transactions.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from agent import reasons
 from agent.buffer import codec, keys
 from agent.buffer.store import Corrupt, DeliveredRun, Outcome, Store, StoredMessage, message
 from agent.config import FerryConfig, TopicConfig
+from agent.forwarder import failures, isolation, timestamps
 from agent.forwarder.clusters import Cluster, producer_config
 from agent.forwarder.discard_log import Discard, DiscardLog
 from agent.forwarder.partitioner import choose
@@ -45,6 +53,8 @@ from agent.forwarder.progress import (
     read_progress,
     tag,
 )
+from agent.forwarder.suspects import Suspects
+from agent.forwarder.topic_limits import ALONE
 from agent.metrics import Registry
 
 log = logging.getLogger(__name__)
@@ -56,6 +66,9 @@ CALL_TIMEOUT = 30.0
 RETRY_INITIAL = 0.5
 RETRY_MAX = 10.0
 READ_BATCH = 2000
+# What a record weighs in a batch besides its stored value, on the safe side: the record's
+# framing and Ferry's tag header (identity and message id).
+RECORD_OVERHEAD = 160
 FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED}
 
 
@@ -64,6 +77,10 @@ def _report(sink: list[tuple[bytes, KafkaError | None, Message]], message_id: by
     # The delivery callback of one send, bound to its id by a partial. Runs inside poll()
     # or flush() on this thread: just record; _commit does the work.
     sink.append((message_id, err, msg))
+
+
+class Refused(Exception):
+    """A message sent alone inside the open transaction was refused: abort and decide."""
 
 
 class Fenced(Exception):
@@ -90,6 +107,7 @@ class _Batch:
     run: DeliveredRun
     last_id: bytes | None = None
     written: dict[int, int] = field(default_factory=dict)  # partition -> highest offset
+    unflushed: int = 0  # bytes produced since the last flush, for a topic's batch limit
 
 
 class ExactlyOnce:
@@ -142,6 +160,14 @@ class ExactlyOnce:
         self._retry_at = 0.0
         self._backoff = RETRY_INITIAL
         self._topic_ready: set[str] = set()  # reconciled since the producer was opened
+        # Messages Kafka refused a batch of: sent in windows until each has its verdict.
+        self._suspects = Suspects()
+        # Topics held back for a while (a message whose timestamp the broker's clock
+        # refuses): topic -> monotonic time to try again.
+        self._parked: dict[str, float] = {}
+        # What the open transaction sent: id -> (topic, stored value), for the verdict on a
+        # refused one. Bounded by transaction_max_messages; cleared as each one begins.
+        self._sent: dict[bytes, tuple[str, bytes]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="exactly-once", daemon=True)
 
@@ -182,7 +208,9 @@ class ExactlyOnce:
     def _step(self) -> bool:
         if self._fenced or time.monotonic() < self._retry_at:
             return False
-        topics = [t for t in self.store.topics() if self.owns(t)]
+        now = time.monotonic()
+        topics = [t for t in self.store.topics()
+                  if self.owns(t) and self._parked.get(t, 0.0) <= now]
         if not topics:
             return False
         if self._producer is None:
@@ -317,7 +345,123 @@ class ExactlyOnce:
     def _transaction(self, topics: list[str]) -> bool:
         p = self._producer
         assert p is not None
+        cursors, progress = dict(self._cursors), dict(self._progress)
+        try:
+            return self._transaction_once(p, topics)
+        except (KafkaException, Refused) as exc:
+            if _fenced_detail(exc) or not self._abort_refused(p, exc):
+                raise
+            # Aborted: nothing of it counts. Read again from where it began.
+            self._cursors, self._progress = cursors, progress
+            return True
+
+    def _abort_refused(self, p: Producer, exc: BaseException) -> bool:
+        """After a failure inside a transaction: if Kafka refused messages of it, abort it
+        (a certain outcome, the producer stays) and decide each refused message's fate.
+        False when the failure was anything else (the caller reopens and reconciles)."""
+        if not self._in_transaction:
+            return False
+        p.poll(0)  # serve the reports of the sends that failed
+        err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+        # A refused batch puts the transaction in an abortable state, and the next produce()
+        # may say only that ("Erroneous state") before the refusal's reports are served.
+        abortable = isinstance(exc, Refused) or self._refusals() or (
+            isinstance(err, KafkaError)
+            and (err.txn_requires_abort() or err.code() == KafkaError._STATE))
+        if not abortable:
+            return False
+        try:
+            p.abort_transaction(CALL_TIMEOUT)
+        except KafkaException:
+            return False  # not abortable after all: reopen and reconcile
+        p.poll(0)
+        refused = self._refusals()
+        self._reports.clear()
+        self._in_transaction = False
+        if not refused:
+            self.registry.inc("transactions_aborted", reason="failed")
+            return False  # aborted for something else: reopen and reconcile, as before
+        self.registry.inc("transactions_aborted", reason="refused")
+        by_topic: dict[str, list[bytes]] = {}
+        for mid in refused:
+            sent = self._sent.get(mid)
+            if sent is not None:
+                by_topic.setdefault(sent[0], []).append(mid)
+        for topic, mids in by_topic.items():
+            new = sum(1 for m in mids if m not in self._suspects)
+            if new:
+                self.registry.inc("messages_isolated", new, topic=topic)
+            self._suspects.refused(topic, mids, [m for m, (t, _) in self._sent.items()
+                                                 if t == topic])
+            alone_topic = self.cluster.batch(topic) == ALONE
+            for mid in mids:
+                if alone_topic or self._suspects.alone(mid):
+                    self._judge(mid, refused[mid])
+        return True
+
+    def _refusals(self) -> dict[bytes, KafkaError]:
+        """The messages of the open transaction Kafka refused (or refused the batch of)."""
+        return {mid: err for mid, err, _ in self._reports
+                if err is not None and failures.isolates(err.code())}
+
+    def _judge(self, mid: bytes, err: KafkaError) -> None:
+        """A message sent alone in an aborted transaction was refused: isolation.py
+        decides."""
+        stored = self._stored(mid)
+        if stored is None:
+            self._suspects.judged(mid)
+            return
+        r = stored.record
+        verdict = isolation.verdict(err.code(), True, mid in self._suspects.restamp,
+                                    r.timestamp_ms, stored.accepted_ms,
+                                    int(time.time() * 1000))
+        detail = f"{err.name()}: {err.str()}"
+        if verdict == "restamp":
+            self._suspects.restamp.add(mid)
+            self.registry.inc("messages_restamped", topic=r.topic)
+        elif verdict == "clock_skew":
+            # Kept: it becomes acceptable as the clocks meet. Its topic waits meanwhile
+            # (its order), the other topics go on.
+            self._parked[r.topic] = time.monotonic() + RETRY_MAX
+            self.registry.inc("delivery_failures", topic=r.topic, cluster=CLUSTER,
+                              error=err.name())
+            log.error("exactly-once topic %s waits: message %s has timestamp %d, %+.0f s from "
+                      "this host's clock, and the broker refuses it (%s): are the clocks "
+                      "apart?", r.topic, keys.id_text(mid), r.timestamp_ms,
+                      (r.timestamp_ms - time.time() * 1000) / 1000.0, detail)
+        elif verdict == "discard":
+            self._suspects.judged(mid)
+            self.registry.inc("messages_refused", topic=r.topic, cluster=CLUSTER,
+                              error=err.name())
+            self._discard_now(stored, reasons.INVALID, f"{CLUSTER}: refused alone: {detail}")
+
+    def _stored(self, mid: bytes) -> StoredMessage | None:
+        """The message ``mid`` as the aborted transaction sent it (decoded)."""
+        sent = self._sent.get(mid)
+        if sent is None:
+            return None
+        m = message(sent[0], mid, sent[1])
+        return m if isinstance(m, StoredMessage) else None
+
+    def _discard_now(self, m: StoredMessage, reason: str, detail: str) -> None:
+        """Discard ``m`` outside any transaction: in the discard log, then out of the
+        buffer (the same order as everywhere: a crash between leaves it in both)."""
+        log.warning("discarding message %s of %s: %s (%s)", keys.id_text(m.id), m.topic,
+                    reason, detail)
+        self.discard_log.write([Discard(reason, m.topic, keys.id_text(m.id), m.accepted_ms,
+                                        m.record, detail=detail)])
+        outcome = Outcome(m.key, m.stored_bytes, m.topic, "discarded", reason=reason)
+        self.store.remove_many([outcome], [])
+        self._signal_outcomes((), [m.key])
+        self.registry.inc("messages_discarded", topic=m.topic, reason=reason)
+        self.registry.sample("discarded", reason, {"topic": m.topic,
+                                                   "id": keys.id_text(m.id), "detail": detail})
+
+    def _transaction_once(self, p: Producer, topics: list[str]) -> bool:
         started = time.monotonic()
+        self._sent.clear()
+        self._suspects.begin()
+        held: set[str] = set()  # topics that wait for the next transaction (a window used)
         batches: dict[str, _Batch] = {}
         discards: list[Discard] = []
         outcomes: list[Outcome] = []
@@ -326,12 +470,15 @@ class ExactlyOnce:
         while count < self.max_messages and not self._stop.is_set():
             read_any = False
             for topic in topics:
+                if topic in held:
+                    continue
                 if self.cluster.layout(topic) is None and not self.cluster.known_missing(topic):
                     continue  # partitions being looked up
                 room = min(READ_BATCH, self.max_messages - count)
                 if room <= 0:
                     break
-                values = self.store.read_values(topic, self._cursors.get(topic), room)
+                after = self._cursors.get(topic)
+                values = self.store.read_values(topic, after, room)
                 if not values:
                     continue
                 read_any = True
@@ -339,7 +486,10 @@ class ExactlyOnce:
                 # clears the cursors (reconciled and read again).
                 self._cursors[topic] = values[-1][0]
                 b = batches.get(topic) or _Batch(DeliveredRun(topic, CLUSTER, note=NOTE))
-                sent = self._send_values(p, topic, values, b, discards, outcomes)
+                sent, stopped = self._send_values(p, topic, values, after, b, discards,
+                                                  outcomes)
+                if stopped:
+                    held.add(topic)
                 if sent:
                     batches[topic] = b
                     begun = True
@@ -356,7 +506,9 @@ class ExactlyOnce:
             self._in_transaction = True
             self._commit(p, batches, started)
             self._in_transaction = False
-            self._signal_outcomes([i for b in batches.values() for i in b.run.ids], ())
+            delivered = [i for b in batches.values() for i in b.run.ids]
+            self._signal_outcomes(delivered, ())
+            self._suspects.delivered(batches, delivered)
         runs = [b.run for b in batches.values()]
         self.store.remove_many(outcomes, runs)
         if outcomes:
@@ -373,13 +525,17 @@ class ExactlyOnce:
         return True
 
     def _send_values(self, p: Producer, topic: str, values: list[tuple[bytes, bytes]],
-                     b: _Batch, discards: list[Discard], outcomes: list[Outcome]) -> int:
-        """Send one read of ``topic`` inside the open transaction; the number sent.
+                     after: bytes | None, b: _Batch, discards: list[Discard],
+                     outcomes: list[Outcome]) -> tuple[int, bool]:
+        """Send one read of ``topic`` inside the open transaction: the number sent, and True
+        when the rest of the read waits for the next transaction (a suspect met after the
+        topic's one window of this transaction; the cursor is put back before it).
 
         As in the at-least-once loop (send.py, ``Sending._send_values``), a plain message
         goes out from its stored value without a Record or StoredMessage, decoded by the same
         ``plain_values``; the producer gets slices of the value, positionally. Anything else
-        takes ``_unsendable`` and ``_produce``, with the same rules."""
+        takes ``_unsendable`` and ``_produce``, with the same rules. Suspects go out in a
+        window (suspects.py)."""
         settings = self.topic_settings(topic)
         gen = self.store.generation(topic)
         layout = self.cluster.layout(topic)
@@ -392,65 +548,121 @@ class ExactlyOnce:
         produce = p.produce
         reports = self._reports
         ids, sizes = b.run.ids, b.run.sizes
+        suspects = self._suspects
+        # A topic limited below librdkafka's batch size (topic_limits.py): the producer is
+        # flushed before a batch of it would pass the limit (one transactional producer
+        # serves every topic, so its batch size cannot be the topic's).
+        batch = self.cluster.batch(topic)
+        window = size = 0  # suspects still to go in the open window, and its size
         sent = 0
+        last = after
         # A transaction begins with the first message sent (a read of discards alone
         # needs none).
         open_ = self._in_transaction
         for mid, v, flags, ts, pk, key, value in plain_values(values, gen, check_ttl,
                                                               settings.max_message_bytes):
-            if flags == NOT_PLAIN:
+            suspect = bool(suspects) and mid in suspects
+            if suspect and not window:
+                size = window = suspects.open_window(topic)
+                if not window:
+                    self._cursors[topic] = last  # read again from here next time
+                    return sent, True
+                p.flush(CALL_TIMEOUT)  # nothing before the window shares its batches
+                b.unflushed = 0
+            if flags == NOT_PLAIN or batch == ALONE or suspect:
                 m = message(topic, mid, v)
                 dropped = self._unsendable(m, settings, gen)
                 if dropped is not None:
                     discards.append(dropped[0])
                     outcomes.append(dropped[1])
+                    last = mid
                     continue
                 assert isinstance(m, StoredMessage)
                 if not open_:
                     p.begin_transaction()
                     self._in_transaction = open_ = True
-                self._produce(p, m)
+                self._sent[mid] = (topic, v)
+                if batch == ALONE:
+                    self._produce_alone(p, m)
+                else:
+                    self._produce(p, m)
                 ids.append(mid)
                 sizes.append(m.stored_bytes)
-                b.last_id = mid
-                sent += 1
-                continue
-            if not open_:
-                p.begin_transaction()
-                self._in_transaction = open_ = True
-            partition = choose(layout, pk if flags & has_pk else None, bool(flags & hash_key))
-            headers: list[tuple[str, str | bytes | None]] = [
-                (HEADER, prefix + mid.hex().encode())]
-            while True:
-                try:
-                    # Positional, in produce()'s order (topic, value, key, partition,
-                    # callback, on_delivery, timestamp, headers): see send.py's docstring.
-                    # The report callback goes in the 5th place: given there, even as None,
-                    # it hides the 6th (on_delivery, the same thing under another name).
-                    produce(topic, value, key, partition, partial(_report, reports, mid),
-                            None, ts, headers)
-                    break
-                except BufferError:
-                    p.poll(0.05)  # the producer's queue is full: let it drain
-            ids.append(mid)
-            sizes.append(base + len(v))
+            else:
+                if not open_:
+                    p.begin_transaction()
+                    self._in_transaction = open_ = True
+                if batch:
+                    weight = len(v) + RECORD_OVERHEAD
+                    if b.unflushed + weight > batch:
+                        p.flush(CALL_TIMEOUT)
+                        b.unflushed = 0
+                    b.unflushed += weight
+                partition = choose(layout, pk if flags & has_pk else None,
+                                   bool(flags & hash_key))
+                headers: list[tuple[str, str | bytes | None]] = [
+                    (HEADER, prefix + mid.hex().encode())]
+                while True:
+                    try:
+                        # Positional, in produce()'s order (topic, value, key, partition,
+                        # callback, on_delivery, timestamp, headers): see send.py's
+                        # docstring. The report callback goes in the 5th place: given there,
+                        # even as None, it hides the 6th (on_delivery, the same thing).
+                        produce(topic, value, key, partition, partial(_report, reports, mid),
+                                None, ts, headers)
+                        break
+                    except BufferError:
+                        p.poll(0.05)  # the producer's queue is full: let it drain
+                self._sent[mid] = (topic, v)
+                ids.append(mid)
+                sizes.append(base + len(v))
             b.last_id = mid
+            last = mid
             sent += 1
-        return sent
+            if window:
+                suspects.in_window(mid, size)
+                window -= suspect
+                if not window:
+                    self._close_window(p)
+        if window:
+            self._close_window(p)
+        return sent, False
 
     def _produce(self, p: Producer, m: StoredMessage) -> None:
         r = m.record
         partition = choose(self.cluster.layout(r.topic), r.partition_key, r.hash_key)
         headers: list[tuple[str, str | bytes | None]] = [
             *r.headers, (HEADER, tag(self.identity, m.id))]
+        timestamp = r.timestamp_ms
+        if m.id in self._suspects.restamp:
+            headers.append((timestamps.ORIGINAL, str(timestamp).encode()))
+            timestamp = 0  # the send time
         while True:
             try:
                 p.produce(r.topic, r.value, r.key, partition=partition,
-                          timestamp=r.timestamp_ms, headers=headers,
+                          timestamp=timestamp, headers=headers,
                           on_delivery=partial(_report, self._reports, m.id))
                 return
             except BufferError:
                 p.poll(0.05)  # the producer's queue is full: let it drain
+
+    def _close_window(self, p: Producer) -> None:
+        """Flush a window's messages out; ``Refused`` when Kafka refused any of them."""
+        p.flush(CALL_TIMEOUT)
+        if self._refusals():
+            raise Refused("Kafka refused messages of a window")
+
+    def _produce_alone(self, p: Producer, m: StoredMessage) -> None:
+        """Send ``m`` in a batch of its own: everything before it is flushed first, and it
+        is flushed before anything follows; its answer is then about it alone. Refused:
+        ``Refused``, and the transaction is aborted and done again without it."""
+        p.flush(CALL_TIMEOUT)
+        n = len(self._reports)
+        self._produce(p, m)
+        p.flush(CALL_TIMEOUT)
+        for mid, err, _ in self._reports[n:]:
+            if mid == m.id and err is not None and failures.isolates(err.code()):
+                raise Refused(f"{keys.id_text(mid)}: {err.str()}")
 
     def _signal_outcomes(self, delivered: Iterable[bytes], discarded: Iterable[bytes]) -> None:
         if self._signal is not None:
@@ -461,6 +673,9 @@ class ExactlyOnce:
         if left:
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT,
                                             f"{left} messages not acknowledged in time"))
+        if any(err is not None and failures.isolates(err.code())
+               for _, err, _ in self._reports):
+            raise Refused("Kafka refused messages of the transaction")  # reports kept
         reports = self._reports[:]
         self._reports.clear()  # the same list: the callbacks of the next sends hold it
         # Where each message went, by id: reports come in order within a partition but
