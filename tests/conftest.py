@@ -78,6 +78,18 @@ def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaClu
         yield cluster
 
 
+@pytest.fixture(scope="session")
+def proxied_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """Two nodes (RF 2, min.insync.replicas 2) whose client traffic crosses a TcpProxy each,
+    so that holding one node's proxy leaves the other node's partitions reachable, and
+    blackholing both is an outage for the agent alone. Its own cluster (the shared one has
+    no proxies), shared by the tests that need proxies; two nodes, not three: the machine
+    is shared, and a hold needs no third replica. A test restores what it held."""
+    with KafkaCluster(tmp_path_factory.mktemp("proxied-kafka"), nodes=2,
+                      proxied=True) as cluster:
+        yield cluster
+
+
 @pytest.fixture
 def apache_kafka(kafka_cluster: KafkaCluster) -> Iterator[KafkaCluster]:
     """The shared cluster, healthy when the test starts (every node up, every partition in

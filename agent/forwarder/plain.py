@@ -21,7 +21,7 @@ _NOT_PLAIN = (NOT_PLAIN, 0, 0, None, b"")
 
 
 def plain_values(values: list[tuple[bytes, bytes]], gen: int, check_ttl: bool,
-                 max_message_bytes: int
+                 max_message_bytes: int, oldest_ts: int = -1
                  ) -> Iterator[tuple[bytes, bytes, int, int, int, bytes | None, bytes]]:
     """``(id, stored value, flags, timestamp, partition key, key, value)`` for each pair of
     ``Store.read_values``, decoded from the header alone: no Record or StoredMessage.
@@ -29,7 +29,8 @@ def plain_values(values: list[tuple[bytes, bytes]], gen: int, check_ttl: bool,
     ``flags`` is ``NOT_PLAIN`` for anything but a plain message, which the caller then
     decodes fully (``message``) and checks by the general rules: headers of its own, an older
     generation than ``gen``, a TTL to check (``check_ttl``: the oldest message read is older
-    than the topic's TTL), key and value possibly larger than ``max_message_bytes``, a value
+    than the topic's TTL), key and value possibly larger than ``max_message_bytes``, a
+    timestamp older than ``oldest_ts`` (it may need re-stamping: timestamps.py), a value
     that does not decode."""
     unpack = codec.HEADER.unpack_from
     hsize = codec.HEADER.size
@@ -45,7 +46,7 @@ def plain_values(values: list[tuple[bytes, bytes]], gen: int, check_ttl: bool,
             continue
         pos = hsize + klen
         if (version != version_now or nheaders or g < gen or check_ttl
-                or pos > len(v) or len(v) > max_plain):
+                or pos > len(v) or len(v) > max_plain or ts < oldest_ts):
             yield (mid, v, *_NOT_PLAIN)
             continue
         yield mid, v, flags, ts, pk, v[hsize:pos] if flags & has_key else None, v[pos:]

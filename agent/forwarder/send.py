@@ -30,6 +30,16 @@ from agent.forwarder.topic_limits import ALONE
 from agent.forwarder.topic_state import TopicState
 
 
+def stamped(f: Flight) -> tuple[int, timestamps.Headers | None]:
+    """The timestamp and headers ``f`` is produced with: its own, or the send time (0 to
+    librdkafka) and its own in a header when it is re-stamped (timestamps.py)."""
+    r = f.msg.record
+    headers: timestamps.Headers | None = list(r.headers) if r.headers else None
+    if f.restamp:
+        return 0, timestamps.restamp_headers(headers, r.timestamp_ms)
+    return r.timestamp_ms, headers
+
+
 class Sending(LoopState):
     def _send_values(self, topic: str, values: list[tuple[bytes, bytes]], st: TopicState,
                      settings: TopicConfig, gen: int, check_ttl: bool, now_ms: int,
@@ -50,11 +60,15 @@ class Sending(LoopState):
         rr = layout.position
         sent = 0
         mid = b""
+        # Messages older than the topic takes (a long outage) are re-stamped (timestamps.py).
+        limits = self.clusters[LOCAL].limits(topic)
+        oldest = timestamps.oldest_fresh(limits.before_max_ms if limits else None, now_ms)
         for mid, v, flags, ts, pk, key, value in plain_values(values, gen, check_ttl,
-                                                              settings.max_message_bytes):
+                                                              settings.max_message_bytes,
+                                                              oldest):
             if flags == NOT_PLAIN:
                 if self._send_one(message(topic, mid, v), st, settings, gen, check_ttl,
-                                  now_ms, ttl_ms, produce, layout, now):
+                                  now_ms, ttl_ms, produce, layout, now, oldest):
                     break  # queued for a retry: the rest of the batch waits behind it
                 continue
             if flags & has_pk:
@@ -110,7 +124,7 @@ class Sending(LoopState):
 
     def _send_one(self, m: StoredMessage | Corrupt, st: TopicState, settings: TopicConfig,
                   gen: int, check_ttl: bool, now_ms: int, ttl_ms: int, produce: Any,
-                  layout: TopicLayout, now: float) -> bool:
+                  layout: TopicLayout, now: float, oldest: int) -> bool:
         """A message of the common path that needs the general checks, sent with a Flight.
         True when the rest of its batch must wait (it is queued for a retry)."""
         if not self._sendable(m, settings, gen, settings.max_message_bytes, check_ttl, now_ms,
@@ -119,6 +133,8 @@ class Sending(LoopState):
         r = m.record
         f = Flight(m, settings)
         f.sink = self._reports
+        self._restamp_if_stale(f, now_ms, oldest)
+        timestamp, headers = stamped(f)
         pk = r.partition_key
         if pk is not None:
             partition = layout.for_partition_key(pk)
@@ -129,8 +145,8 @@ class Sending(LoopState):
         st.in_flight += 1
         self._in_flight += 1
         try:
-            produce(r.topic, r.value, r.key, partition=partition, timestamp=r.timestamp_ms,
-                    headers=list(r.headers) if r.headers else None, on_delivery=f)
+            produce(r.topic, r.value, r.key, partition=partition, timestamp=timestamp,
+                    headers=headers, on_delivery=f)
         except BufferError:
             self._schedule_retry(f, 0.05)  # the producer's queue is full: see _send_values
             return True
@@ -156,10 +172,12 @@ class Sending(LoopState):
         partition = choose(layout, r.partition_key, r.hash_key)
         producer = cluster.producer(f.settings.acks,
                                     ALONE if f.alone else cluster.batch(r.topic))
-        headers: timestamps.Headers | None = list(r.headers) if r.headers else None
-        timestamp = r.timestamp_ms
-        if f.restamp:
-            headers, timestamp = timestamps.restamp_headers(headers, timestamp), 0  # now
+        if not f.restamp:
+            limits = cluster.limits(r.topic)
+            now_ms = int(time.time() * 1000)
+            self._restamp_if_stale(f, now_ms, timestamps.oldest_fresh(
+                limits.before_max_ms if limits else None, now_ms))
+        timestamp, headers = stamped(f)
         try:
             producer.produce(
                 r.topic,
@@ -183,6 +201,14 @@ class Sending(LoopState):
         f.pending += 1
         self._topics.setdefault(r.topic, TopicState()).sending += 1
         return True
+
+    def _restamp_if_stale(self, f: Flight, now_ms: int, oldest: int) -> None:
+        """Re-stamp ``f`` when its wait in the buffer took it past its topic's oldest
+        timestamp (timestamps.py), and count it once."""
+        if not f.restamp and timestamps.waited_too_long(
+                f.msg.record.timestamp_ms, f.msg.accepted_ms, now_ms, oldest):
+            f.restamp = True
+            self.registry.inc("messages_restamped", topic=f.msg.topic)
 
     def _refused_at_once(self, f: Flight, cluster: str, exc: KafkaException) -> None:
         """produce() refused the message itself (e.g. larger than the producer allows).

@@ -21,8 +21,8 @@ class Suspects:
     def __init__(self) -> None:
         self._ids: set[bytes] = set()
         self._group: dict[str, int] = {}  # topic -> suspects in its next window
-        # Sent with the send time (timestamps.py): refused alone for a timestamp that only
-        # waited too long.
+        # Sent with the send time (timestamps.py): too old for the topic after their wait
+        # in the buffer (found before sending, or refused alone for it). Until delivered.
         self.restamp: set[bytes] = set()
         # The open transaction's windows: id -> the size of the window it went in.
         self._windowed: dict[bytes, int] = {}
@@ -77,13 +77,14 @@ class Suspects:
         self._ids.discard(mid)
         self.restamp.discard(mid)
 
-    def delivered(self, topics: Iterable[str], ids: Iterable[bytes]) -> None:
-        """The transaction committed: its messages are no longer suspects, and a topic whose
-        window was accepted may try a window twice as large next."""
+    def delivered(self, topics: Iterable[str], ids: list[bytes]) -> None:
+        """The transaction committed: its messages are no longer suspects (nor re-stamped),
+        and a topic whose window was accepted may try a window twice as large next."""
+        if self.restamp:
+            self.restamp.difference_update(ids)
         if not self._ids:
             return
         self._ids.difference_update(ids)
-        self.restamp.intersection_update(self._ids)
         for topic in topics:
             if topic in self._opened and topic in self._group:
                 self._group[topic] *= 2

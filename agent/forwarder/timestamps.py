@@ -16,6 +16,10 @@ three causes, told apart by the message's timestamp (``ts``), when Ferry accepte
   and its topic is flagged for an operator (health CRITICAL) naming the skew.
 - **its own timestamp is impossible** (a client set it in the future, or it was already old
   when Ferry accepted it): Kafka's verdict on the message itself, discarded as ``invalid``.
+
+Where the topic's ``before.max.ms`` is known (topic_limits.py), the first case is not left
+to a refusal: a message whose wait in the buffer took it past the limit (``waited_too_long``)
+is sent re-stamped at once, by both loops.
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ ORIGINAL = "ferry-original-timestamp"
 SKEW_MS = 60_000
 
 Verdict = Literal["restamp", "clock_ahead", "refuse"]
+# A topic's before.max.ms at or past this is no limit (Kafka's default is Long.MAX_VALUE).
+NO_LIMIT_MS = 10 * 365 * 86_400_000
+# Re-stamp this long before the limit is reached (at most a quarter of it): the message
+# still travels to the broker after the check.
+MARGIN_MS = 10_000
 
 
 def verdict(ts_ms: int, accepted_ms: int, now_ms: int) -> Verdict:
@@ -43,6 +52,20 @@ def verdict(ts_ms: int, accepted_ms: int, now_ms: int) -> Verdict:
 
 
 Headers = list[tuple[str, str | bytes | None]]
+
+
+def oldest_fresh(before_max_ms: int | None, now_ms: int) -> int:
+    """The oldest timestamp a topic with ``before_max_ms`` takes now, with a margin; -1
+    when the topic has no such limit (or it is not known)."""
+    if before_max_ms is None or before_max_ms >= NO_LIMIT_MS:
+        return -1
+    return now_ms - before_max_ms + min(MARGIN_MS, before_max_ms // 4)
+
+
+def waited_too_long(ts_ms: int, accepted_ms: int, now_ms: int, oldest: int) -> bool:
+    """True when a message is older than ``oldest`` (``oldest_fresh``) because of its wait
+    in Ferry's buffer: the same test as ``verdict``'s "restamp", before any refusal."""
+    return ts_ms < oldest and accepted_ms - ts_ms <= now_ms - accepted_ms
 
 
 def restamp_headers(headers: Headers | None, ts_ms: int) -> Headers:

@@ -554,13 +554,18 @@ class ExactlyOnce:
         # serves every topic, so its batch size cannot be the topic's).
         batch = self.cluster.batch(topic)
         window = size = 0  # suspects still to go in the open window, and its size
+        # Messages older than the topic takes (a long outage) are re-stamped (timestamps.py).
+        now_ms = int(time.time() * 1000)
+        limits = self.cluster.limits(topic)
+        oldest = timestamps.oldest_fresh(limits.before_max_ms if limits else None, now_ms)
         sent = 0
         last = after
         # A transaction begins with the first message sent (a read of discards alone
         # needs none).
         open_ = self._in_transaction
         for mid, v, flags, ts, pk, key, value in plain_values(values, gen, check_ttl,
-                                                              settings.max_message_bytes):
+                                                              settings.max_message_bytes,
+                                                              oldest):
             suspect = bool(suspects) and mid in suspects
             if suspect and not window:
                 size = window = suspects.open_window(topic)
@@ -582,6 +587,10 @@ class ExactlyOnce:
                     p.begin_transaction()
                     self._in_transaction = open_ = True
                 self._sent[mid] = (topic, v)
+                if (mid not in suspects.restamp and timestamps.waited_too_long(
+                        m.record.timestamp_ms, m.accepted_ms, now_ms, oldest)):
+                    suspects.restamp.add(mid)
+                    self.registry.inc("messages_restamped", topic=topic)
                 if batch == ALONE:
                     self._produce_alone(p, m)
                 else:

@@ -475,17 +475,6 @@ def test_a_fence_behind_the_exception_a_callback_raised_still_stops_the_topics(
 HOLD_SECONDS = CALL_TIMEOUT + 5
 
 
-@pytest.fixture(scope="module")
-def proxied_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
-    """Two nodes (RF 2, min.insync.replicas 2) whose client traffic crosses a TcpProxy each,
-    so that holding the coordinator's proxy leaves the other node's partitions reachable.
-    Its own cluster (the shared one has no proxies); two nodes, not three: the machine is
-    shared, and a hold needs no third replica."""
-    with KafkaCluster(tmp_path_factory.mktemp("proxied-kafka"), nodes=2,
-                      proxied=True) as cluster:
-        yield cluster
-
-
 def _coordinator_log(cluster: KafkaCluster, node: int, transactional_id: str) -> list[str]:
     text = cluster.node(node).log_path.read_text(errors="replace")
     return [line for line in text.splitlines() if transactional_id in line]
