@@ -39,9 +39,15 @@ from typing import Any, Self
 
 from confluent_kafka import KafkaException, TopicCollection
 from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not re-exported
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
     AdminClient,
     NewPartitions,
     NewTopic,
+    ResourcePatternType,
+    ResourceType,
 )
 
 from tests.kafka import (
@@ -563,6 +569,44 @@ class KafkaCluster:
         )
         futures[name].result(timeout=timeout)
         self.wait_for_leaders(name, partitions, timeout=timeout)
+
+    def set_acl(self, resource: str, name: str, operation: str, permission: str,
+                principal: str = "User:ANONYMOUS", *, prefixed: bool = False,
+                remove: bool = False, timeout: float = 30.0) -> None:
+        """Add (or ``remove``) an ACL (needs a cluster with an authorizer), e.g.
+        ``("TOPIC", "orders", "WRITE", "DENY")``; ``resource`` is confluent-kafka's
+        ResourceType name (TOPIC, GROUP, TRANSACTIONAL_ID, BROKER for the cluster), and
+        ``prefixed`` matches every name starting with ``name``. Returns once every running
+        node enforces it."""
+        pattern = ResourcePatternType.PREFIXED if prefixed else ResourcePatternType.LITERAL
+        kind = ResourceType[resource]
+        op, allow = AclOperation[operation], AclPermissionType[permission]
+        admin = self.admin()
+        if remove:
+            futures = admin.delete_acls(
+                [AclBindingFilter(kind, name, pattern, principal, "*", op, allow)],
+                request_timeout=timeout)
+        else:
+            futures = admin.create_acls([AclBinding(kind, name, pattern, principal, "*", op,
+                                                    allow)], request_timeout=timeout)
+        for future in futures.values():
+            future.result(timeout=timeout)
+        want = 0 if remove else 1
+        match = AclBindingFilter(kind, name, pattern, principal, None, op, allow)
+
+        def everywhere() -> bool:
+            for node in self.nodes:
+                if not node.running:
+                    continue
+                client = self.admin(**{"bootstrap.servers": node.bootstrap})
+                found = client.describe_acls(match, request_timeout=timeout).result(
+                    timeout=timeout)
+                if len(found) != want:
+                    return False
+            return True
+
+        wait_until(everywhere, timeout=timeout, interval=0.2,
+                   message=f"the ACL on {resource} {name} {'gone' if remove else 'in force'}")
 
     def add_partitions(self, name: str, total: int, timeout: float = 30.0) -> None:
         admin = self.admin()

@@ -70,5 +70,6 @@ class ClusterWatch(LoopState):
         reg.set_info("cluster_state", states)
         stuck = {t: {**st.stuck.to_json(), "retrying": len(st.retry) + st.in_flight}
                  for t, st in self._topics.items() if st.stuck is not None}
+        stuck.update(self.exactly_once.held())  # exactly-once topics held back
         reg.set_info("stuck_topics", stuck)
         reg.set("topics_stuck", float(len(stuck)))  # for alerting (FerryTopicStuck)

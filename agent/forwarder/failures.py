@@ -73,6 +73,12 @@ POLICY: dict[int, Policy] = {
         "an ACL refuses Ferry's principal; fixing the ACL lets the backlog through", True),
     _E.CLUSTER_AUTHORIZATION_FAILED: _retry(
         "an ACL refuses Ferry's principal (e.g. IdempotentWrite for acks=all)", True),
+    _E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: _retry(
+        "an ACL refuses Ferry's transactional id (exactly-once topics: WRITE and DESCRIBE on "
+        "TransactionalId ferry-*; docs/configuration.md, \"ACLs\")", True),
+    _E.GROUP_AUTHORIZATION_FAILED: _retry(
+        "an ACL refuses the group Ferry reads its exactly-once progress with (READ and "
+        "DESCRIBE on Group ferry-progress-*)", True),
     _E.SASL_AUTHENTICATION_FAILED: _retry("the cluster refuses Ferry's credentials", True),
     _E._AUTHENTICATION: _retry("the cluster refuses Ferry's credentials", True),
     _E._SSL: _retry("TLS fails (certificate, trust store, protocol)", True),

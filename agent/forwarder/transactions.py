@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
@@ -39,6 +40,7 @@ from agent.config import FerryConfig, TopicConfig
 from agent.forwarder import failures, isolation, timestamps
 from agent.forwarder.clusters import Cluster, producer_config
 from agent.forwarder.discard_log import Discard, DiscardLog
+from agent.forwarder.held_topics import HeldTopics
 from agent.forwarder.partitioner import choose
 from agent.forwarder.plain import NOT_PLAIN, plain_values
 from agent.forwarder.progress import (
@@ -56,6 +58,7 @@ from agent.forwarder.progress import (
 from agent.forwarder.suspects import Suspects
 from agent.forwarder.topic_limits import ALONE
 from agent.metrics import Registry
+from agent.process.log_limit import LogLimit
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +73,11 @@ READ_BATCH = 2000
 # framing and Ferry's tag header (identity and message id).
 RECORD_OVERHEAD = 160
 FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED}
+# After an abort every message has its outcome; their reports come within this.
+ABORTED_REPORTS_TIMEOUT = 5.0
+# Reports that say librdkafka gave the open transaction up itself (it purges what was queued
+# when a send failed inside it): the refusal behind them may not be reported yet.
+PURGED = {KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
 
 
 def _report(sink: list[tuple[bytes, KafkaError | None, Message]], message_id: bytes,
@@ -153,7 +161,10 @@ class ExactlyOnce:
         self._progress: dict[str, Progress] = {}
         self._cursors: dict[str, bytes | None] = {}
         # (message id, error, message) per delivery report, in the order they come.
+        # A new list for each transaction: reports of an aborted one that come late (its
+        # purged messages) go to the old list, never into the next transaction's.
         self._reports: list[tuple[bytes, KafkaError | None, Message]] = []
+        self._scanned = 0  # reports already looked at for a refusal (_refused_yet)
         self._fenced = ""
         self._fenced_error = ""  # a fencing reported by the producer's error callback
         self._in_transaction = False
@@ -162,9 +173,13 @@ class ExactlyOnce:
         self._topic_ready: set[str] = set()  # reconciled since the producer was opened
         # Messages Kafka refused a batch of: sent in windows until each has its verdict.
         self._suspects = Suspects()
-        # Topics held back for a while (a message whose timestamp the broker's clock
-        # refuses): topic -> monotonic time to try again.
-        self._parked: dict[str, float] = {}
+        # Topics held out of the transactions for a while (an ACL, the clocks apart).
+        self._held = HeldTopics()
+        self._limited = LogLimit(log)
+        # Messages a transaction may hold: transaction_max_messages, halved after one that
+        # could not finish in CALL_TIMEOUT (a quota, a slow cluster), doubled back after each
+        # commit; so a throttled cluster gets transactions it can finish.
+        self._limit = self.max_messages
         # What the open transaction sent: id -> (topic, stored value), for the verdict on a
         # refused one. Bounded by transaction_max_messages; cleared as each one begins.
         self._sent: dict[bytes, tuple[str, bytes]] = {}
@@ -210,7 +225,7 @@ class ExactlyOnce:
             return False
         now = time.monotonic()
         topics = [t for t in self.store.topics()
-                  if self.owns(t) and self._parked.get(t, 0.0) <= now]
+                  if self.owns(t) and not self._held.waiting(t, now)]
         if not topics:
             return False
         if self._producer is None:
@@ -225,6 +240,14 @@ class ExactlyOnce:
         if fenced:
             self._fence(fenced)
             return
+        err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+        if isinstance(err, KafkaError) and failures.needs_operator(err.code()):
+            # An ACL (transactional id, progress group) or credentials: every exactly-once
+            # topic waits, and says so by name, as a topic an ACL denies does.
+            for topic in self.store.topics():
+                if self.owns(topic):
+                    self._hold(topic, err, operator=True,
+                               detail=f"{err.str()}: {failures.policy(err.code()).why}")
         log.warning("exactly-once: %s; reopening the transactional producer and reconciling "
                     "in %.1f s (the messages wait in the buffer)", exc, self._backoff)
         self.registry.sample("error", "transaction", {"detail": str(exc)})
@@ -255,8 +278,8 @@ class ExactlyOnce:
             # init_transactions settles it and the reconciliation reads what became of it.
             p.purge(in_queue=True, in_flight=True)
             p.flush(0)
-        # After the purge: its reports (purged) come during that flush and count for nothing.
-        self._reports.clear()
+        # After the purge: its reports (purged) count for nothing.
+        self._new_reports()
 
     # -- opening and reconciling ------------------------------------------------------------------
     def _open(self) -> None:
@@ -349,6 +372,14 @@ class ExactlyOnce:
         try:
             return self._transaction_once(p, topics)
         except (KafkaException, Refused) as exc:
+            err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+            if isinstance(err, KafkaError) and err.code() == KafkaError._TIMED_OUT:
+                # Not finished in CALL_TIMEOUT: a throttled (quota) or slow cluster. The
+                # next transactions are smaller, until one finishes in time.
+                self._limit = max(1, self._limit // 2)
+                log.warning("exactly-once: a transaction of up to %d messages did not finish "
+                            "in %.0f s; trying %d", self._limit * 2, CALL_TIMEOUT,
+                            self._limit)
             if _fenced_detail(exc) or not self._abort_refused(p, exc):
                 raise
             # Aborted: nothing of it counts. Read again from where it began.
@@ -356,8 +387,9 @@ class ExactlyOnce:
             return True
 
     def _abort_refused(self, p: Producer, exc: BaseException) -> bool:
-        """After a failure inside a transaction: if Kafka refused messages of it, abort it
-        (a certain outcome, the producer stays) and decide each refused message's fate.
+        """After a failure inside a transaction: if Kafka refused messages of it (their
+        batch, or their topic, as an ACL does), abort it (a certain outcome, the producer
+        stays), decide each refused message's fate and hold each refused topic back.
         False when the failure was anything else (the caller reopens and reconciles)."""
         if not self._in_transaction:
             return False
@@ -365,7 +397,7 @@ class ExactlyOnce:
         err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
         # A refused batch puts the transaction in an abortable state, and the next produce()
         # may say only that ("Erroneous state") before the refusal's reports are served.
-        abortable = isinstance(exc, Refused) or self._refusals() or (
+        abortable = isinstance(exc, Refused) or self._refusals() or self._denials() or (
             isinstance(err, KafkaError)
             and (err.txn_requires_abort() or err.code() == KafkaError._STATE))
         if not abortable:
@@ -374,18 +406,25 @@ class ExactlyOnce:
             p.abort_transaction(CALL_TIMEOUT)
         except KafkaException:
             return False  # not abortable after all: reopen and reconcile
-        p.poll(0)
-        refused = self._refusals()
-        self._reports.clear()
+        # Every report of the aborted transaction, the refused ones among them: librdkafka
+        # may hold a refused message's report back until the abort.
+        p.flush(ABORTED_REPORTS_TIMEOUT)
+        refused, denied = self._refusals(), self._denials()
+        errors = Counter(err.name() for _, err, _ in self._reports if err is not None)
+        self._new_reports()
         self._in_transaction = False
-        if not refused:
+        if not refused and not denied:
+            log.warning("exactly-once: transaction aborted (%s); its reports: %s", exc,
+                        dict(errors) or "none failed")
             self.registry.inc("transactions_aborted", reason="failed")
             return False  # aborted for something else: reopen and reconcile, as before
         self.registry.inc("transactions_aborted", reason="refused")
+        for topic, denial in denied.items():
+            self._hold(topic, denial, operator=True)
         by_topic: dict[str, list[bytes]] = {}
         for mid in refused:
             sent = self._sent.get(mid)
-            if sent is not None:
+            if sent is not None and sent[0] not in denied:
                 by_topic.setdefault(sent[0], []).append(mid)
         for topic, mids in by_topic.items():
             new = sum(1 for m in mids if m not in self._suspects)
@@ -398,6 +437,29 @@ class ExactlyOnce:
                 if alone_topic or self._suspects.alone(mid):
                     self._judge(mid, refused[mid])
         return True
+
+    def _denials(self) -> dict[str, KafkaError]:
+        """The topics of the open transaction refused whole, with an error only a person can
+        fix (failures.py: an ACL, a topic missing)."""
+        denied: dict[str, KafkaError] = {}
+        for mid, err, _ in self._reports:
+            if err is not None and failures.needs_operator(err.code()):
+                sent = self._sent.get(mid)
+                if sent is not None:
+                    denied.setdefault(sent[0], err)
+        return denied
+
+    def _hold(self, topic: str, err: KafkaError, *, operator: bool, detail: str = "") -> None:
+        """Hold ``topic`` out of the transactions for a while (held_topics.py)."""
+        detail = detail or err.str()
+        self.registry.inc("delivery_failures", topic=topic, cluster=CLUSTER, error=err.name())
+        self.registry.sample("error", err.name(), {"topic": topic, "cluster": CLUSTER,
+                                                   "detail": detail})
+        wait = self._held.hold(topic, err.name(), detail, operator, CLUSTER)
+        self._limited.log(logging.ERROR if operator else logging.WARNING, f"held:{topic}",
+                          "exactly-once topic %s held back %.0f s: %s (%s); its messages "
+                          "wait in the buffer, the other topics go on", topic, wait,
+                          err.name(), detail)
 
     def _refusals(self) -> dict[bytes, KafkaError]:
         """The messages of the open transaction Kafka refused (or refused the batch of)."""
@@ -422,13 +484,11 @@ class ExactlyOnce:
         elif verdict == "clock_skew":
             # Kept: it becomes acceptable as the clocks meet. Its topic waits meanwhile
             # (its order), the other topics go on.
-            self._parked[r.topic] = time.monotonic() + RETRY_MAX
-            self.registry.inc("delivery_failures", topic=r.topic, cluster=CLUSTER,
-                              error=err.name())
-            log.error("exactly-once topic %s waits: message %s has timestamp %d, %+.0f s from "
-                      "this host's clock, and the broker refuses it (%s): are the clocks "
-                      "apart?", r.topic, keys.id_text(mid), r.timestamp_ms,
-                      (r.timestamp_ms - time.time() * 1000) / 1000.0, detail)
+            skew = (r.timestamp_ms - time.time() * 1000) / 1000.0
+            self._hold(r.topic, err, operator=True, detail=(
+                f"{detail}: message {keys.id_text(mid)} has a timestamp {skew:+.0f} s from "
+                "this host's clock, outside the topic's limits by the broker's: are the "
+                "clocks apart?"))
         elif verdict == "discard":
             self._suspects.judged(mid)
             self.registry.inc("messages_refused", topic=r.topic, cluster=CLUSTER,
@@ -460,6 +520,7 @@ class ExactlyOnce:
     def _transaction_once(self, p: Producer, topics: list[str]) -> bool:
         started = time.monotonic()
         self._sent.clear()
+        self._new_reports()
         self._suspects.begin()
         held: set[str] = set()  # topics that wait for the next transaction (a window used)
         batches: dict[str, _Batch] = {}
@@ -467,14 +528,14 @@ class ExactlyOnce:
         outcomes: list[Outcome] = []
         count = 0
         begun = False
-        while count < self.max_messages and not self._stop.is_set():
+        while count < self._limit and not self._stop.is_set():
             read_any = False
             for topic in topics:
                 if topic in held:
                     continue
                 if self.cluster.layout(topic) is None and not self.cluster.known_missing(topic):
                     continue  # partitions being looked up
-                room = min(READ_BATCH, self.max_messages - count)
+                room = min(READ_BATCH, self._limit - count)
                 if room <= 0:
                     break
                 after = self._cursors.get(topic)
@@ -509,6 +570,8 @@ class ExactlyOnce:
             delivered = [i for b in batches.values() for i in b.run.ids]
             self._signal_outcomes(delivered, ())
             self._suspects.delivered(batches, delivered)
+            self._held.delivered(batches)
+            self._limit = min(self._limit * 2, self.max_messages)
         runs = [b.run for b in batches.values()]
         self.store.remove_many(outcomes, runs)
         if outcomes:
@@ -572,7 +635,7 @@ class ExactlyOnce:
                 if not window:
                     self._cursors[topic] = last  # read again from here next time
                     return sent, True
-                p.flush(CALL_TIMEOUT)  # nothing before the window shares its batches
+                self._flush(p)  # nothing before the window shares its batches
                 b.unflushed = 0
             if flags == NOT_PLAIN or batch == ALONE or suspect:
                 m = message(topic, mid, v)
@@ -604,7 +667,7 @@ class ExactlyOnce:
                 if batch:
                     weight = len(v) + RECORD_OVERHEAD
                     if b.unflushed + weight > batch:
-                        p.flush(CALL_TIMEOUT)
+                        self._flush(p)
                         b.unflushed = 0
                     b.unflushed += weight
                 partition = choose(layout, pk if flags & has_pk else None,
@@ -655,38 +718,56 @@ class ExactlyOnce:
             except BufferError:
                 p.poll(0.05)  # the producer's queue is full: let it drain
 
+    def _new_reports(self) -> None:
+        self._reports = []
+        self._scanned = 0
+
+    def _refused_yet(self) -> bool:
+        """True when a report since the last look says Kafka refused a message or a topic
+        of the open transaction (which is then abortable: nothing more of it will go), or
+        that librdkafka purged its queue after such a refusal."""
+        reports = self._reports
+        new, self._scanned = reports[self._scanned:], len(reports)
+        return any(err is not None and (failures.isolates(err.code())
+                                        or failures.needs_operator(err.code())
+                                        or err.code() in PURGED)
+                   for _, err, _ in new)
+
+    def _flush(self, p: Producer) -> int:
+        """``p.flush``, in short steps that look for a refusal: after one, the transaction
+        is abortable and its queued messages never go, so a plain flush would wait the whole
+        CALL_TIMEOUT for them. ``Refused`` at once instead; else the messages left."""
+        deadline = time.monotonic() + CALL_TIMEOUT
+        while True:
+            left = p.flush(min(0.1, max(deadline - time.monotonic(), 0.0)))
+            if self._refused_yet():
+                raise Refused("Kafka refused messages of the transaction")  # reports kept
+            if not left or time.monotonic() >= deadline:
+                return int(left)
+
     def _close_window(self, p: Producer) -> None:
         """Flush a window's messages out; ``Refused`` when Kafka refused any of them."""
-        p.flush(CALL_TIMEOUT)
-        if self._refusals():
-            raise Refused("Kafka refused messages of a window")
+        self._flush(p)
 
     def _produce_alone(self, p: Producer, m: StoredMessage) -> None:
         """Send ``m`` in a batch of its own: everything before it is flushed first, and it
         is flushed before anything follows; its answer is then about it alone. Refused:
         ``Refused``, and the transaction is aborted and done again without it."""
-        p.flush(CALL_TIMEOUT)
-        n = len(self._reports)
+        self._flush(p)
         self._produce(p, m)
-        p.flush(CALL_TIMEOUT)
-        for mid, err, _ in self._reports[n:]:
-            if mid == m.id and err is not None and failures.isolates(err.code()):
-                raise Refused(f"{keys.id_text(mid)}: {err.str()}")
+        self._flush(p)
 
     def _signal_outcomes(self, delivered: Iterable[bytes], discarded: Iterable[bytes]) -> None:
         if self._signal is not None:
             self._signal(delivered, discarded)
 
     def _commit(self, p: Producer, batches: dict[str, _Batch], started: float) -> None:
-        left = p.flush(CALL_TIMEOUT)
+        left = self._flush(p)
         if left:
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT,
                                             f"{left} messages not acknowledged in time"))
-        if any(err is not None and failures.isolates(err.code())
-               for _, err, _ in self._reports):
-            raise Refused("Kafka refused messages of the transaction")  # reports kept
-        reports = self._reports[:]
-        self._reports.clear()  # the same list: the callbacks of the next sends hold it
+        # Every report is in, and _flush found no refusal among them.
+        reports = self._reports
         # Where each message went, by id: reports come in order within a partition but
         # interleaved across partitions, so their order is not the run's.
         where: dict[bytes, tuple[int, int]] = {}
@@ -750,6 +831,10 @@ class ExactlyOnce:
                     reason, detail)
         return (Discard(reason, m.topic, keys.id_text(m.id), m.accepted_ms, r, detail=detail),
                 Outcome(m.key, m.stored_bytes, m.topic, "discarded", reason=reason))
+
+    def held(self) -> dict[str, dict[str, object]]:
+        """The exactly-once topics held back, as stuck topics (held_topics.py)."""
+        return self._held.view
 
     def stats(self) -> dict[str, Any]:
         return {"identity": self.identity, "fenced": self._fenced,

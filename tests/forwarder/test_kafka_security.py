@@ -1,4 +1,5 @@
-"""TLS and SASL on real Apache Kafka: SASL_SSL with SCRAM-SHA-512, and mutual TLS.
+"""TLS, SASL and ACLs on real Apache Kafka: SASL_SSL with SCRAM-SHA-512, mutual TLS, and an
+exactly-once topic an ACL denies beside one it allows.
 
 One single-node cluster serves both, each on its own listener, with certificates this module
 makes (tests/certificates.py): SASL_SSL (server certificate, SCRAM-SHA-512 users written at
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import time
 import tomllib
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +40,7 @@ from tests.forwarder.apache_delivery import (
     topic_row,
     values,
 )
+from tests.forwarder.test_kafka_refusals import _committed, _discards, _drained
 from tests.waiting import wait_until
 
 USER, PASSWORD = "ferry", "scram-secret-1"
@@ -78,9 +81,16 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureCluster]:
             "scram-sha-512.sasl.jaas.config": SCRAM_JAAS}),
         Listener("MTLS", "SSL", {**tls, "ssl.client.auth": "required"}),
     ]
+    # Kafka's StandardAuthorizer, everything allowed where no ACL says otherwise: the
+    # PLAINTEXT listener (the tests' own clients, the node itself) is a super user, and
+    # Ferry's SASL user is held to the ACLs a test adds (an exactly-once topic denied).
+    authorizer = {"authorizer.class.name":
+                  "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                  "allow.everyone.if.no.acl.found": "true", "super.users": "User:ANONYMOUS"}
     with KafkaCluster(root / "kafka", nodes=1, listeners=listeners,
                       scram_users={USER: PASSWORD}, start_timeout=240,
-                      properties={"sasl.enabled.mechanisms": "SCRAM-SHA-512"}) as kafka:
+                      properties={"sasl.enabled.mechanisms": "SCRAM-SHA-512",
+                                  **authorizer}) as kafka:
         yield SecureCluster(kafka, ca, client, stranger)
 
 
@@ -183,3 +193,87 @@ def test_mtls_untrusted_client_certificate_is_reported_and_kept_until_fixed(
         fixed=mtls_properties(secure.ca.cert, secure.client),
         cause=("certificate", "SSL handshake"),
     )
+
+
+def test_an_exactly_once_topic_an_acl_denies_holds_back_only_itself(
+    tmp_path: Path, secure: SecureCluster
+) -> None:
+    """Two exactly-once topics share the transactions; an ACL denies Ferry writing one. The
+    allowed one keeps committing (every message, once, read_committed); the denied one is
+    held, its messages kept, health CRITICAL naming it and the error; once the ACL goes, it
+    delivers everything too."""
+    kafka = secure.kafka
+    run = uuid.uuid4().hex[:8]
+    denied, allowed = f"denied-eo-{run}", f"allowed-eo-{run}"
+    for topic in (denied, allowed):
+        kafka.create_topic(topic, 2)
+    kafka.set_acl("TOPIC", denied, "WRITE", "DENY", f"User:{USER}")
+    eo = {"delivery": "exactly_once", "acks": "all", "ack_timeout_ms": 0}
+    config = sasl_agent_config(tmp_path / "agent", secure, {denied: eo, allowed: eo}, run)
+    with AgentProcess(config) as agent:
+        kept = publish(agent, denied, "denied", 100)
+        sent = publish(agent, allowed, "allowed-a", 200)
+        wait_until(lambda: allowed not in agent.buffered(), timeout=60, interval=0.5,
+                   message="the allowed topic delivered while the other is denied")
+        sent += publish(agent, allowed, "allowed-b", 200)
+        wait_until(lambda: allowed not in agent.buffered(), timeout=60, interval=0.5,
+                   message="the allowed topic delivered again")
+        assert agent.buffered() == {denied: 100}
+        doc = status(agent)
+        problems = [m for m in health_messages(doc) if denied in m]
+        assert doc["health"]["status"] == "critical", doc["health"]
+        assert problems and "TOPIC_AUTHORIZATION_FAILED" in problems[0], problems
+        kafka.set_acl("TOPIC", denied, "WRITE", "DENY", f"User:{USER}", remove=True)
+        _drained(agent, timeout=90)
+        assert _discards(agent) == []
+    for topic, expected in ((denied, kept), (allowed, sent)):
+        counted = tally(expected, _committed(kafka.bootstrap, topic))
+        print(topic, counted)
+        assert counted.lost == [] and counted.duplicated == {}, counted
+
+
+@pytest.mark.parametrize(("resource", "name", "error"), [
+    ("TRANSACTIONAL_ID", "ferry-", "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"),
+    ("GROUP", "ferry-progress-", "GROUP_AUTHORIZATION_FAILED"),
+])
+def test_an_acl_exactly_once_needs_is_named_in_health_and_nothing_is_lost(
+    tmp_path: Path, secure: SecureCluster, resource: str, name: str, error: str
+) -> None:
+    """Exactly-once needs ACLs at-least-once does not (docs/configuration.md, "ACLs"): its
+    transactional id, and the group it reads its progress with. Denied one, every
+    exactly-once topic waits, health CRITICAL naming the topic and Kafka's error (not
+    ``_STATE``); granted again, everything is delivered once."""
+    kafka = secure.kafka
+    run = uuid.uuid4().hex[:8]
+    topic = f"eo-{run}"
+    kafka.create_topic(topic, 1)
+    kafka.set_acl(resource, name, "ALL", "DENY", f"User:{USER}", prefixed=True)
+    eo = {"delivery": "exactly_once", "acks": "all", "ack_timeout_ms": 0}
+    try:
+        with AgentProcess(sasl_agent_config(tmp_path / "agent", secure, {topic: eo},
+                                            run)) as agent:
+            kept = publish(agent, topic, "kept", 20)
+            problem = wait_until(
+                lambda: next((m for m in health_messages(status(agent))
+                              if topic in m and error in m), None),
+                timeout=60, interval=0.5, message=f"health naming {topic} and {error}")
+            print(problem)
+            assert status(agent)["health"]["status"] == "critical"
+            assert agent.buffered() == {topic: 20}
+            kafka.set_acl(resource, name, "ALL", "DENY", f"User:{USER}", prefixed=True,
+                          remove=True)
+            _drained(agent, timeout=90)
+    finally:
+        kafka.set_acl(resource, name, "ALL", "DENY", f"User:{USER}", prefixed=True,
+                      remove=True)
+    counted = tally(kept, _committed(kafka.bootstrap, topic))
+    assert counted.lost == [] and counted.duplicated == {}, counted
+
+
+def sasl_agent_config(root: Path, secure: SecureCluster, topics: dict[str, dict[str, object]],
+                      run: str) -> Path:
+    """An agent on the SASL_SSL listener as Ferry's user, with the documented settings."""
+    section = "\n[kafka.local.properties]\n" + "".join(
+        f'"{k}" = "{v}"\n' for k, v in sasl_properties(secure.ca.cert, PASSWORD).items())
+    return write_config(root, secure.sasl_bootstrap, topics=dict(topics),
+                        forwarder={"agent_id": f"acl-{run}"}, extra=section)
