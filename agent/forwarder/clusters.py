@@ -48,6 +48,9 @@ _RDKAFKA_LOG.addFilter(_RateLimit())
 METADATA_INTERVAL = 10.0  # seconds between full metadata refreshes
 METADATA_TIMEOUT = 3.0
 LIMITS_INTERVAL = 60.0  # seconds between looks at the topics' limits (an operator may alter)
+# A topic whose limits could not be learnt (the cluster unreachable when it was first sent
+# to, DescribeConfigs denied) is asked again this often; meanwhile the defaults apply.
+LIMITS_RETRY = 5.0
 # librdkafka's own size check (message.max.bytes) counts a record's framing and headers,
 # which Ferry's max_message_bytes (key + value) does not: left at its 1,000,000 it refused
 # messages Ferry had accepted under Ferry's own default limit. Ferry's intake limit decides
@@ -124,6 +127,11 @@ class Cluster:
         # producer for topics limited below it, or for messages sent alone (batch_config).
         self._producers: dict[tuple[str, int], Producer] = {}
         self._limits: dict[str, TopicLimits] = {}  # learnt from the cluster (topic_limits.py)
+        self._described: set[str] = set()  # topics whose limits were asked for at least once
+        # Topics with a layout (from a full refresh) whose limits are still to be asked for:
+        # described without a metadata request (which would re-create a deleted topic on an
+        # auto-create cluster).
+        self._undescribed: set[str] = set()
         self._layouts: dict[str, TopicLayout] = {}
         self._missing: set[str] = set()  # looked up, not in the cluster's metadata
         self._wanted: set[str] = set()
@@ -230,7 +238,13 @@ class Cluster:
         with self._lock:
             self._used.add(topic)
             lay = self._layouts.get(topic)
-            if lay is None and topic not in self._missing and topic not in self._wanted:
+            if lay is not None and topic not in self._described:
+                # Known from a full refresh, but not its limits: its first batch would not
+                # know its size (topic_limits.py). One DescribeConfigs first.
+                self._undescribed.add(topic)
+                self._wake.set()
+                lay = None
+            elif lay is None and topic not in self._missing and topic not in self._wanted:
                 self._wanted.add(topic)
                 self._wake.set()
         if lay is None:
@@ -253,7 +267,8 @@ class Cluster:
         topics it sends to (the probe's diagnosis reads them), so that topics which come
         and go do not pile up here. A topic found missing is forgotten too (a send looks it
         up again through ``layout``); its layout stays until a full refresh no longer lists
-        it (``refresh``)."""
+        it (``refresh``), and so do its limits (the exactly-once loop may still send to it:
+        forgetting them would send its next messages with the defaults)."""
         with self._lock:
             self._used.discard(topic)
             self._missing.discard(topic)
@@ -301,12 +316,18 @@ class Cluster:
                 for name in [n for n in self._layouts
                              if n not in layouts and n not in self._used]:
                     del self._layouts[name]
+                for name in [n for n in self._described
+                             if n not in layouts and n not in self._used]:
+                    self._described.discard(name)
+                    self._limits.pop(name, None)
 
     def learn_limits(self, topics: list[str]) -> None:
         """Describe ``topics``' configurations and keep their limits (topic_limits.py).
         Through the probe's admin client: no connection of its own. Without a probe (not
         started yet) nothing is learnt and the defaults apply."""
         probe = self._probe
+        with self._lock:
+            self._described.update(topics)  # asked, whatever the answer: sends may go on
         if probe is None or not topics:
             return
         learnt = describe(probe.admin, topics, METADATA_TIMEOUT)
@@ -323,6 +344,7 @@ class Cluster:
     def _metadata_loop(self) -> None:
         next_full = 0.0
         next_limits = 0.0
+        next_unknown = 0.0
         while not self._stop.is_set():
             self._wake.wait(timeout=0.5)
             self._wake.clear()
@@ -331,14 +353,21 @@ class Cluster:
             try:
                 with self._lock:
                     wanted = sorted(self._wanted)
+                    undescribed = self._undescribed
+                    self._undescribed = set()
                 # The limits before the layout: a topic is sent to once its layout is
                 # known, and its first batch is then already of the right size.
-                self.learn_limits([t for t in wanted if t not in self._limits])
+                self.learn_limits(sorted({t for t in wanted if t not in self._described}
+                                         | undescribed))
                 for topic in wanted:
                     self.refresh(topic)
                 if time.monotonic() >= next_limits:
                     self.learn_limits(self.topics())
                     next_limits = time.monotonic() + LIMITS_INTERVAL
+                    next_unknown = next_limits
+                elif time.monotonic() >= next_unknown:
+                    self.learn_limits([t for t in self.topics() if t not in self._limits])
+                    next_unknown = time.monotonic() + LIMITS_RETRY
                 if time.monotonic() >= next_full:
                     self.refresh()
                     next_full = time.monotonic() + METADATA_INTERVAL

@@ -113,6 +113,9 @@ class FakeCluster:
     def batch(self, topic: str) -> int:
         return 0  # the topic's limits are not learnt here: librdkafka's default batches
 
+    def limits(self, topic: str) -> None:
+        return None
+
     def poll(self) -> int:
         return self.p.poll(0)
 
