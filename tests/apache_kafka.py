@@ -73,12 +73,25 @@ def kafka_version() -> str:
     return found.group(1)
 
 
-def kafka_libs() -> Path:
-    """The folder of Kafka's jars; FileNotFoundError says how to get them."""
-    libs = REPO_ROOT / ".venv" / "kafka" / kafka_version() / "libs"
+@functools.cache
+def newest_kafka_version() -> str:
+    """The newest Apache Kafka release, run beside the pinned one by the cases that must
+    hold on both (``<kafka.newest.version>`` in ``dev/kafka/pom.xml``)."""
+    found = re.search(r"<kafka\.newest\.version>([^<]+)</kafka\.newest\.version>",
+                      POM.read_text())
+    if found is None:
+        raise RuntimeError(f"no <kafka.newest.version> in {POM}")
+    return found.group(1)
+
+
+def kafka_libs(version: str | None = None) -> Path:
+    """The folder of Kafka's jars (the pinned version, or ``version``); FileNotFoundError
+    says how to get them."""
+    version = version or kafka_version()
+    libs = REPO_ROOT / ".venv" / "kafka" / version / "libs"
     if not (libs.parent / ".complete").is_file():
         raise FileNotFoundError(
-            f"Apache Kafka {kafka_version()}'s jars are not in {libs}: run dev/bootstrap test "
+            f"Apache Kafka {version}'s jars are not in {libs}: run dev/bootstrap test "
             "(or dev/kafka/fetch alone)"
         )
     return libs
@@ -248,10 +261,12 @@ class KafkaCluster:
         heap: str = "768m",
         start_timeout: float = 180.0,
         proxied: bool = False,
+        version: str | None = None,
     ) -> None:
         if nodes < 1:
             raise ValueError("a cluster needs at least one node")
         self.root = root
+        self.version = version or kafka_version()
         self.size = nodes
         self.replication = min(3, nodes)
         self.min_insync = (
@@ -376,7 +391,7 @@ class KafkaCluster:
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={log4j}",
             "-cp",
-            f"{kafka_libs()}/*",
+            f"{kafka_libs(self.version)}/*",
             *args,
         ]
 

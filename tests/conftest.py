@@ -22,7 +22,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.append(str(REPO_ROOT))  # last: repo folders must not shadow installed packages
 
-from tests.apache_kafka import KafkaCluster  # noqa: E402
+from tests.apache_kafka import KafkaCluster, newest_kafka_version  # noqa: E402
 from tests.filesystems import tmpfs  # noqa: E402
 from tests.kafka import Broker, TcpProxy, free_port, unique_topic_name  # noqa: E402
 
@@ -75,6 +75,16 @@ def proxied_broker(tmp_path: Path) -> Iterator[tuple[Broker, TcpProxy]]:
 def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
     """Three Apache Kafka nodes shared by the whole run; request ``apache_kafka`` instead."""
     with KafkaCluster(tmp_path_factory.mktemp("apache-kafka")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def newest_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """Three nodes of the newest Apache Kafka release (``kafka.newest.version`` in
+    dev/kafka/pom.xml), for the cases that must hold on the pinned version and the newest
+    alike (Kafka's refusals); started only when such a case runs."""
+    with KafkaCluster(tmp_path_factory.mktemp("newest-kafka"),
+                      version=newest_kafka_version()) as cluster:
         yield cluster
 
 

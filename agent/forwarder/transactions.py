@@ -75,6 +75,9 @@ RECORD_OVERHEAD = 160
 FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED}
 # After an abort every message has its outcome; their reports come within this.
 ABORTED_REPORTS_TIMEOUT = 5.0
+# How long a produce() refused with "Erroneous state" waits for the report of the refusal
+# behind it.
+STATE_REPORTS_TIMEOUT = 1.0
 # Reports that say librdkafka gave the open transaction up itself (it purges what was queued
 # when a send failed inside it): the refusal behind them may not be reported yet.
 PURGED = {KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
@@ -85,6 +88,14 @@ def _report(sink: list[tuple[bytes, KafkaError | None, Message]], message_id: by
     # The delivery callback of one send, bound to its id by a partial. Runs inside poll()
     # or flush() on this thread: just record; _commit does the work.
     sink.append((message_id, err, msg))
+
+
+def _refusal(err: KafkaError | None) -> bool:
+    """A report that Kafka refused its message, its batch or its topic, or that librdkafka
+    purged the queue of a transaction a refusal made abortable."""
+    return err is not None and (failures.isolates(err.code())
+                                or failures.needs_operator(err.code())
+                                or err.code() in PURGED)
 
 
 class Refused(Exception):
@@ -284,6 +295,18 @@ class ExactlyOnce:
     # -- opening and reconciling ------------------------------------------------------------------
     def _open(self) -> None:
         ensure_topic(self._client_conf, self.progress_topic, CALL_TIMEOUT)
+        p = self._new_producer()
+        # After init_transactions: the previous instance's transaction is settled, so what
+        # read_committed shows now is final.
+        self._progress = read_progress(self._client_conf, self.progress_topic, self.identity,
+                                       CALL_TIMEOUT)
+        self._producer = p
+        log.info("exactly-once: transactional producer ready; progress known for %d topics",
+                 len(self._progress))
+
+    def _new_producer(self) -> Producer:
+        """A transactional producer, initialised: its init_transactions settles whatever
+        transaction the previous one of this identity left open."""
         conf = dict(self._producer_conf)
         conf["error_cb"] = self._client_error
         p = Producer(conf)
@@ -292,13 +315,7 @@ class ExactlyOnce:
         except KafkaException:
             p.flush(0)
             raise
-        # After init_transactions: the previous instance's transaction is settled, so what
-        # read_committed shows now is final.
-        self._progress = read_progress(self._client_conf, self.progress_topic, self.identity,
-                                       CALL_TIMEOUT)
-        self._producer = p
-        log.info("exactly-once: transactional producer ready; progress known for %d topics",
-                 len(self._progress))
+        return p
 
     def _client_error(self, err: KafkaError) -> None:
         if err.code() in FENCED:
@@ -388,26 +405,26 @@ class ExactlyOnce:
 
     def _abort_refused(self, p: Producer, exc: BaseException) -> bool:
         """After a failure inside a transaction: if Kafka refused messages of it (their
-        batch, or their topic, as an ACL does), abort it (a certain outcome, the producer
-        stays), decide each refused message's fate and hold each refused topic back.
-        False when the failure was anything else (the caller reopens and reconciles)."""
+        batch, or their topic, as an ACL does), abort it (a certain outcome), decide each
+        refused message's fate, hold each refused topic back, and go on with a new producer
+        of the same transactional id, without reconciling. False when the failure was
+        anything else (the caller reopens and reconciles, as after any uncertain outcome)."""
         if not self._in_transaction:
             return False
         p.poll(0)  # serve the reports of the sends that failed
         err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-        # A refused batch puts the transaction in an abortable state, and the next produce()
-        # may say only that ("Erroneous state") before the refusal's reports are served.
-        abortable = isinstance(exc, Refused) or self._refusals() or self._denials() or (
-            isinstance(err, KafkaError)
-            and (err.txn_requires_abort() or err.code() == KafkaError._STATE))
-        if not abortable:
+        if (not self._refused_in() and isinstance(err, KafkaError)
+                and err.code() == KafkaError._STATE):
+            # A refused batch makes the transaction abortable, and the next produce() may
+            # say only that ("Erroneous state") before the refusal's report is served.
+            p.flush(STATE_REPORTS_TIMEOUT)
+        if not self._refused_in():
             return False
         try:
             p.abort_transaction(CALL_TIMEOUT)
         except KafkaException:
             return False  # not abortable after all: reopen and reconcile
-        # Every report of the aborted transaction, the refused ones among them: librdkafka
-        # may hold a refused message's report back until the abort.
+        # Every report of the aborted transaction, the refused ones among them.
         p.flush(ABORTED_REPORTS_TIMEOUT)
         refused, denied = self._refusals(), self._denials()
         errors = Counter(err.name() for _, err, _ in self._reports if err is not None)
@@ -418,6 +435,11 @@ class ExactlyOnce:
                         dict(errors) or "none failed")
             self.registry.inc("transactions_aborted", reason="failed")
             return False  # aborted for something else: reopen and reconcile, as before
+        # librdkafka (2.16) leaves a producer whose transaction had a refused send unable
+        # to send in the next one: its sequence numbers want an epoch bump it does not make.
+        # A new producer of the same transactional id starts clean; the abort was certain,
+        # so nothing needs reconciling.
+        self._replace_producer()
         self.registry.inc("transactions_aborted", reason="refused")
         for topic, denial in denied.items():
             self._hold(topic, denial, operator=True)
@@ -437,6 +459,18 @@ class ExactlyOnce:
                 if alone_topic or self._suspects.alone(mid):
                     self._judge(mid, refused[mid])
         return True
+
+    def _refused_in(self) -> bool:
+        """True when the open transaction's reports show Kafka refused a message or a
+        topic of it, or that librdkafka purged its queue after such a refusal."""
+        return any(_refusal(err) for _, err, _ in self._reports)
+
+    def _replace_producer(self) -> None:
+        old, self._producer = self._producer, None
+        if old is not None:
+            old.purge(in_queue=True, in_flight=True)
+            old.flush(0)
+        self._producer = self._new_producer()
 
     def _denials(self) -> dict[str, KafkaError]:
         """The topics of the open transaction refused whole, with an error only a person can
@@ -728,10 +762,7 @@ class ExactlyOnce:
         that librdkafka purged its queue after such a refusal."""
         reports = self._reports
         new, self._scanned = reports[self._scanned:], len(reports)
-        return any(err is not None and (failures.isolates(err.code())
-                                        or failures.needs_operator(err.code())
-                                        or err.code() in PURGED)
-                   for _, err, _ in new)
+        return any(_refusal(err) for _, err, _ in new)
 
     def _flush(self, p: Producer) -> int:
         """``p.flush``, in short steps that look for a refusal: after one, the transaction

@@ -20,6 +20,8 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 from agent.forwarder import timestamps
 from ferry_client import FerryClient, FerryHttp, PublishRejected
 from tests.agent_harness import AgentProcess, write_config
@@ -87,12 +89,16 @@ def _drained(agent: AgentProcess, timeout: float) -> None:
                              f"{agent.log_tail(30)}") from None
 
 
+@pytest.mark.parametrize("kafka", ["apache_kafka", "newest_kafka"])
 def test_a_topic_limited_below_a_batch_and_its_exactly_once_twin_lose_nothing(
-    tmp_path: Path, apache_kafka: KafkaCluster
+    tmp_path: Path, request: pytest.FixtureRequest, kafka: str
 ) -> None:
     """The issue's acceptance case: a topic with max.message.bytes = 10,000 and its
     exactly-once twin each get 3,000 datagrams of 400 bytes in bursts and one 20,000-byte
-    HTTP publish, while an unrelated exactly-once topic gets 500 HTTP publishes."""
+    HTTP publish, while an unrelated exactly-once topic gets 500 HTTP publishes. On the
+    pinned Kafka and on the newest release."""
+    apache_kafka: KafkaCluster = request.getfixturevalue(kafka)
+    print(f"Apache Kafka {apache_kafka.version}")
     run = uuid.uuid4().hex[:8]
     small, twin, other = f"small-{run}", f"small-eo-{run}", f"other-eo-{run}"
     apache_kafka.create_topic(small, 3, config=SMALL)
