@@ -371,6 +371,8 @@ def clusters(view: View, ctx: Context) -> dict[str, Any]:
             "last_probe_time": (_num(float(st["last_probe_time"]))
                                 if isinstance(st.get("last_probe_time"), int | float) else None),
             "last_client_error": jsonable(st.get("last_error")) or None,
+            # Brokers this agent cannot reach while others answer (agent/forwarder/brokers.py).
+            "unreachable_brokers": jsonable(st.get("unreachable_brokers")) or [],
             "client_errors": _count(view.total("cluster_errors", cluster=name)),
             "client_errors_by_error": _counts(errors),
             "up": None if state == "unknown" else state == "up",
@@ -577,6 +579,24 @@ def health(doc: Mapping[str, Any], thresholds: Thresholds = DEFAULT_THRESHOLDS) 
             why = f": {c['reason']}" if c.get("reason") else ""
             problems.append(_problem("critical" if every else "warning", "cluster",
                                      f"cluster {c['name']} is down{why}"))
+    for c in configured:
+        if c in down:
+            continue  # its reason names them already
+        for b in c.get("unreachable_brokers") or []:
+            if not isinstance(b, Mapping):
+                continue
+            parts = [str(p) for p in b.get("partitions") or []]
+            shown = ", ".join(parts[:10]) + (f" and {len(parts) - 10} more" if len(parts) > 10
+                                             else "")
+            since, at = b.get("since"), doc.get("time")
+            how_long = (f" for {_seconds(max(0.0, float(at) - float(since)))}"
+                        if isinstance(since, int | float) and isinstance(at, int | float)
+                        else "")
+            problems.append(_problem(
+                "warning", "broker",
+                f"cluster {c['name']}: broker {b.get('node')} ({b.get('address')}) does not "
+                f"answer this agent{how_long}; partitions waiting for it: {shown or 'none'} "
+                "(the other partitions are sent to)"))
     for t in doc.get("topics", []):
         st = t.get("stuck")
         if not isinstance(st, Mapping):

@@ -20,7 +20,11 @@ class ClusterWatch(LoopState):
             self._next_parked = now + 0.1  # a scan of the topics: not at every step
         for name, c in self.clusters.items():
             h = c.health
-            h.sends(max(0, c.outstanding() - self._parked) if name == LOCAL else c.outstanding())
+            # Sends to a broker out of reach wait for it alone (brokers.py): they say nothing
+            # of the rest of the cluster, which must not be called down for them.
+            stranded = c.stranded()
+            h.sends(max(0, c.outstanding() - stranded - (self._parked if name == LOCAL else 0)))
+            h.unreachable(c.unreachable_text())
             h.check()
             for change in h.changes():
                 self._log_change(change)
@@ -63,6 +67,7 @@ class ClusterWatch(LoopState):
         for name, c in self.clusters.items():
             snap = c.health.snapshot()
             states[name] = snap.to_json()
+            states[name]["unreachable_brokers"] = c.unreachable_brokers()
             if snap.state != "unknown":
                 reg.set("cluster_up", 1.0 if snap.state == "up" else 0.0, cluster=name)
             reg.set("cluster_brokers_up", float(c.brokers), cluster=name)

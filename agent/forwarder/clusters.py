@@ -15,6 +15,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from agent.config import ForwarderConfig, KafkaClusterConfig
+from agent.forwarder.brokers import STATS_INTERVAL_MS, BrokerWatch
 from agent.forwarder.health import ClusterHealth
 from agent.forwarder.partitioner import TopicLayout
 from agent.forwarder.probe import Probe
@@ -144,6 +145,14 @@ class Cluster:
         self.brokers = 0
         # The one state every reader uses (routing, health, status): agent/forwarder/health.py
         self.health = ClusterHealth(name, config.outage_after_seconds)
+        # Brokers out of this agent's reach while the rest answers (brokers.py): their
+        # partitions are routed around, and health names them.
+        # Half of outage_after_seconds: named well within it (the statistics come every
+        # second); not under 2 s, which a loaded broker's answer can take.
+        self.brokers_watch = BrokerWatch(quiet_after=max(2.0, config.outage_after_seconds / 2))
+        self._unreachable: frozenset[int] = frozenset()
+        self._purge_due = False  # newly unreachable: queued sends to be routed again
+        self._unreachable_logged: set[int] = set()
         self._probe: Probe | None = None
         self._thread = threading.Thread(target=self._metadata_loop, name=f"metadata-{name}",
                                         daemon=True)
@@ -158,9 +167,71 @@ class Cluster:
                                 batch)
             conf["error_cb"] = self._error
             conf["logger"] = _RDKAFKA_LOG
+            self.watch_brokers(conf, f"{acks}-{batch}")
             p = self._producers[(acks, batch)] = Producer(conf)
             self._ensure_metadata_thread()
         return p
+
+    def watch_brokers(self, conf: dict[str, Any], source: str) -> None:
+        """Have the client of ``conf`` report its brokers (brokers.py) as ``source``."""
+        conf["statistics.interval.ms"] = STATS_INTERVAL_MS
+        conf["stats_cb"] = lambda stats: self._stats(source, stats)
+
+    def _stats(self, source: str, stats: str) -> None:
+        # Served inside poll() of that client: note, and let the loop act (poll()).
+        if self.brokers_watch.sample(source, stats):
+            now = self.brokers_watch.nodes()
+            with self._lock:
+                newly = now - self._unreachable
+                self._unreachable = now
+                for lay in self._layouts.values():
+                    lay.route_around(now)
+            for u in self.brokers_watch.unreachable().values():
+                if u.node in newly:
+                    log.warning("cluster %s: broker %d (%s) does not answer this agent for "
+                                "%.0f s; its partitions wait, the others are sent to: %s",
+                                self.name, u.node, u.address, time.time() - u.since,
+                                ", ".join(f"{t}-{p}" for t, p in u.partitions) or "none")
+            for node in self._unreachable_logged - now:
+                log.warning("cluster %s: broker %d answers again", self.name, node)
+            self._unreachable_logged = set(now)
+            # Routing around needs somewhere to go: with every broker out of reach (a single
+            # node, the whole cluster cut off) a purge would only re-queue the same sends.
+            self._purge_due = self._purge_due or bool(newly and self.partial())
+
+    def out_of_reach(self, topic: str, partition: int) -> bool:
+        """``topic``'s ``partition`` is led by a broker out of this agent's reach."""
+        unreachable = self._unreachable
+        if not unreachable:
+            return False
+        lay = self._layouts.get(topic)
+        if lay is None or not lay.leaders or partition not in lay.partitions:
+            return False
+        return lay.leaders[lay.partitions.index(partition)] in unreachable
+
+    def unreachable_text(self) -> str:
+        """The brokers out of reach in words, for health ("" : none)."""
+        return self.brokers_watch.describe()
+
+    def unreachable_brokers(self) -> list[dict[str, object]]:
+        """The brokers out of reach, for the status documents."""
+        return [u.to_json() for u in self.brokers_watch.unreachable().values()]
+
+    def stranded_here(self, source: str) -> int:
+        """Sends of client ``source`` waiting on brokers out of reach."""
+        return self.brokers_watch.stranded(source)
+
+    def partial(self) -> bool:
+        """Some brokers out of reach, at most half of those in metadata: a partial failure,
+        whose stranded sends say nothing of the rest. More than half (two of three nodes
+        killed, the quorum with them) is the cluster's failure, judged whole."""
+        unreachable = len(self._unreachable)
+        return unreachable > 0 and 2 * unreachable <= self.brokers
+
+    def stranded(self) -> int:
+        """Sends waiting for unreachable brokers (brokers.py), while the failure is partial:
+        left out of the cluster's unanswered sends."""
+        return self.brokers_watch.stranded() if self.partial() else 0
 
     def batch(self, topic: str) -> int:
         """The batch size ``topic``'s messages are sent in (``producer``'s ``batch``)."""
@@ -218,7 +289,16 @@ class Cluster:
             self._on_error(self.name, err)
 
     def poll(self) -> int:
-        return sum(p.poll(0) for p in list(self._producers.values()))
+        served = sum(p.poll(0) for p in list(self._producers.values()))
+        if self._purge_due:
+            # A broker was found out of reach: what the producers still queue for its
+            # partitions (never sent) is failed back to the forwarder (_PURGE_QUEUE, not an
+            # attempt) and sent again, routed around it; waiting, it would wait until
+            # message_timeout_ms. What is in flight to it cannot be recalled safely.
+            self._purge_due = False
+            for p in list(self._producers.values()):
+                p.purge(in_queue=True, in_flight=False, blocking=False)
+        return served
 
     def outstanding(self) -> int:
         return sum(len(p) for p in self._producers.values())
@@ -294,16 +374,20 @@ class Cluster:
             if not parts:
                 missing.add(name)
                 continue
-            avail = tuple(p for p in parts if tm.partitions[p].leader >= 0)
-            layouts[name] = TopicLayout(parts, avail)
+            leaders = tuple(tm.partitions[p].leader for p in parts)
+            lay = TopicLayout(parts, (), leaders)
+            lay.route_around(self._unreachable)
+            layouts[name] = lay
         with self._lock:
             self.brokers = len(md.brokers)
             for name, lay in layouts.items():
                 old = self._layouts.get(name)
                 if old is not None and old.partitions == lay.partitions:
-                    old.available = lay.available  # keep the round-robin position
+                    old.leaders = lay.leaders  # keep the round-robin position
+                    old.route_around(self._unreachable)
                 else:
                     self._layouts[name] = lay
+                    lay.route_around(self._unreachable)  # as it is now, under the lock
                 self._missing.discard(name)
                 self._wanted.discard(name)
             for name in missing:

@@ -92,6 +92,8 @@ class ClusterHealth:
         self._outstanding = 0
         self.last_error = ""  # the client's last error report (e.g. a connect error)
         self.in_sync_shortfall = ""  # insync.describe() of the probe's last diagnosis
+        self.brokers_unreachable = ""  # brokers.BrokerWatch.describe(): "" when none
+        self._partial = ""  # the reason shown while up with brokers out of reach
         self._cause_held = False  # last_error is a specific cause, not answered away since
         self.errors = 0
         self._changes: list[Change] = []
@@ -184,6 +186,15 @@ class ClusterHealth:
             self.in_sync_shortfall = shortfall
             self._decide("")
 
+    def unreachable(self, brokers: str) -> None:
+        """Brokers out of this agent's reach (brokers.py), in words; "" when none. A cause
+        for a ``down`` reason, and shown while ``up`` (the other brokers answer)."""
+        if brokers == self.brokers_unreachable:
+            return
+        with self._lock:
+            self.brokers_unreachable = brokers
+            self._decide("")
+
     def check(self) -> None:
         """Re-judge with the time that passed (called every forwarder step)."""
         if self.state == "down" and self._busy_since is not None:
@@ -199,7 +210,7 @@ class ClusterHealth:
         failing = self._probe_failing_since
         # A shortfall of in-sync replicas, once the probe found one, is why; the client's last
         # error (with nodes stopped, a connect error to one of them) is not.
-        found = self.in_sync_shortfall or self.last_error
+        found = self.in_sync_shortfall or self.brokers_unreachable or self.last_error
         cause = f": {found}" if found else ""
         # An acknowledgement after the probes began failing proves the cluster works.
         if failing is not None and self._last_ack < failing:
@@ -215,7 +226,7 @@ class ClusterHealth:
                 return "down", (f"{self._outstanding} messages sent, none acknowledged for "
                                 f"{quiet:.0f} s{cause}")
         if self._answered or self._last_ack > float("-inf"):
-            return "up", ""
+            return "up", self.brokers_unreachable
         if failing is not None and self._last_ack < failing:
             return "down", f"no answer to a metadata request ({self._probe_error}){cause}"
         return "unknown", "no probe answered yet"
@@ -223,8 +234,12 @@ class ClusterHealth:
     def _decide(self, why_up: str) -> None:
         now = self._clock()
         state, reason = self._verdict(now)
-        if state == "up":
-            reason = why_up or self.reason if self.state == "up" else (why_up or "answering")
+        if state == "up" and not reason:
+            # A partial failure (brokers out of reach) is the reason while it lasts; once it
+            # is over, the last whole reason is not its text.
+            keep = self.state == "up" and self.reason != self._partial
+            reason = why_up or self.reason if keep else (why_up or "answering")
+        self._partial = reason if state == "up" and reason == self.brokers_unreachable else ""
         if state != self.state:
             self._changes.append(Change(self.name, self.state, state, reason,
                                         now - self._since))

@@ -16,10 +16,13 @@ UNASSIGNED = -1  # RD_KAFKA_PARTITION_UA: let librdkafka's partitioner choose
 
 @dataclass
 class TopicLayout:
-    """A topic's partitions (ascending) and which of them have a leader right now."""
+    """A topic's partitions (ascending) and which of them have a leader right now: one this
+    agent can reach (brokers.py), else Bruce's rule treats it as having none."""
 
     partitions: tuple[int, ...]
     available: tuple[int, ...]
+    # Each partition's leader (node id, -1: none), as the metadata said; empty: not known.
+    leaders: tuple[int, ...] = ()
     # The round-robin position: the index in the choices of the partition chosen last.
     position: int = field(default=0, repr=False)
 
@@ -29,6 +32,13 @@ class TopicLayout:
             return UNASSIGNED
         self.position = (self.position + 1) % len(choices)
         return choices[self.position]
+
+    def route_around(self, unreachable: frozenset[int]) -> None:
+        """Set ``available`` from the leaders: led, and not by a broker out of reach."""
+        if self.leaders:
+            self.available = tuple(p for p, leader in zip(self.partitions, self.leaders,
+                                                          strict=True)
+                                   if leader >= 0 and leader not in unreachable)
 
     def all_available(self) -> bool:
         """Every partition has a leader: then ``for_partition_key(k)`` is

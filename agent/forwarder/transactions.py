@@ -98,6 +98,10 @@ def _refusal(err: KafkaError | None) -> bool:
                                 or err.code() in PURGED)
 
 
+# The transactional producer's name in the cluster's broker watch (brokers.py).
+STATS_SOURCE = "transactions"
+
+
 class Refused(Exception):
     """A message sent alone inside the open transaction was refused: abort and decide."""
 
@@ -309,6 +313,7 @@ class ExactlyOnce:
         transaction the previous one of this identity left open."""
         conf = dict(self._producer_conf)
         conf["error_cb"] = self._client_error
+        self.cluster.watch_brokers(conf, STATS_SOURCE)
         p = Producer(conf)
         try:
             p.init_transactions(CALL_TIMEOUT)
@@ -774,6 +779,13 @@ class ExactlyOnce:
             if self._refused_yet():
                 raise Refused("Kafka refused messages of the transaction")  # reports kept
             if not left or time.monotonic() >= deadline:
+                return int(left)
+            if self.cluster.stranded_here(STATS_SOURCE):
+                # Some of it waits on a broker out of this agent's reach (brokers.py): it
+                # cannot end before that broker answers. Given up now, as at the deadline;
+                # the next transaction is routed around the broker.
+                log.warning("exactly-once: %d messages of the transaction wait on a broker "
+                            "out of reach: giving it up", left)
                 return int(left)
 
     def _close_window(self, p: Producer) -> None:

@@ -418,6 +418,11 @@
         var state = c.state === "unknown" ? td("unknown", "unknown-state") :
           c.state === "up" ? td("up", "up") : td("DOWN", "down");
         if (c.state === "down" && c.reason) state.appendChild(el("div", "sub", c.reason));
+        (c.unreachable_brokers || []).forEach(function (b) {
+          state.appendChild(el("div", "sub", "broker " + b.node + " (" + b.address +
+            ") unreachable for " + fmtAge(Math.max(0, doc.time - b.since)) + "; waiting: " +
+            (b.partitions.join(", ") || "none")));
+        });
         if (c.state !== "up" && c.state_since) {
           state.appendChild(el("div", "sub", "for " + fmtAge(Math.max(0, doc.time - c.state_since))));
         }

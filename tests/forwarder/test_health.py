@@ -168,3 +168,23 @@ def test_an_answer_does_not_outweigh_failing_probes() -> None:
     h.answered()
     h.probe_failed("Local: Timed out")
     assert h.state == "down"
+
+
+def test_a_broker_out_of_reach_is_the_reason_while_up_and_the_cause_once_down() -> None:
+    """One broker the agent cannot reach (brokers.py) while the rest answers: the cluster
+    stays up and says which; when sends go unanswered anyway, down names it as the cause;
+    once it answers again, the reason is a whole cluster's again."""
+    h, clock = health()
+    h.probe_answered(3)
+    h.unreachable("broker 2 (127.0.0.1:9002) does not answer this agent, 4 partitions wait")
+    assert h.state == "up" and h.reason.startswith("broker 2 (127.0.0.1:9002)")
+    h.sends(5)
+    clock.now += LIMIT
+    h.check()
+    assert h.state == "down"
+    assert h.reason == ("5 messages sent, none acknowledged for 10 s: broker 2 "
+                        "(127.0.0.1:9002) does not answer this agent, 4 partitions wait")
+    h.acknowledged()
+    assert h.state == "up" and h.reason.startswith("broker 2")
+    h.unreachable("")
+    assert h.state == "up" and h.reason == "answering"

@@ -106,6 +106,25 @@ class FakeCluster:
     def known_missing(self, topic: str) -> bool:
         return False
 
+    # Every broker reachable (agent/forwarder/brokers.py has its own tests).
+    def stranded(self) -> int:
+        return 0
+
+    def stranded_here(self, source: str) -> int:
+        return 0
+
+    def out_of_reach(self, topic: str, partition: int) -> bool:
+        return False
+
+    def unreachable_text(self) -> str:
+        return ""
+
+    def unreachable_brokers(self) -> list[dict[str, object]]:
+        return []
+
+    def watch_brokers(self, conf: dict[str, object], source: str) -> None:
+        pass
+
     def producer(self, acks: str, batch: int = 0) -> FakeProducer:
         self.batches.append(batch)
         return self.p
