@@ -111,6 +111,14 @@ class HttpConfig(_Section):
     # Largest body POST /topics/{topic}/batch takes (413 above); each message of it is still
     # limited by its topic's max_message_bytes.
     max_batch_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    # Most messages POST /topics/{topic}/batch takes (413 above): a byte limit alone let a
+    # 4 MiB JSON array of 2.1 million messages cost 756 MiB and 20 s of CPU (issue #37 N6).
+    max_batch_messages: int = Field(default=10_000, ge=1)
+    # Bytes of request bodies held at once by all HTTP connections together (read so far,
+    # queued, decoded, being answered): past it a body is answered 503 body_budget and its
+    # connection closed, so many clients cannot together take the agent's memory (#37 N5).
+    # At least twice max_batch_bytes: one gzip batch, compressed and decoded, always fits.
+    max_body_bytes_in_flight: int = Field(default=128 * 1024 * 1024, ge=1024 * 1024)
     # Limits of the HTTP exchange itself (agent/ingest/http/protocol.py, docs/http.md).
     # A request line longer than max_request_line_bytes is answered 414; headers over
     # max_header_bytes in all, or more than max_headers of them, 431. Both are closed.
@@ -144,6 +152,14 @@ class HttpConfig(_Section):
         if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
             raise ValueError("must be HOST:PORT, e.g. 127.0.0.1:9090")
         return value
+
+    @model_validator(mode="after")
+    def _budget_holds_a_batch(self) -> HttpConfig:
+        if self.max_body_bytes_in_flight < 2 * self.max_batch_bytes:
+            raise ValueError("max_body_bytes_in_flight must be at least twice max_batch_bytes "
+                             f"({2 * self.max_batch_bytes}): a gzip batch is held compressed "
+                             "and decoded while it is decoded")
+        return self
 
     @model_validator(mode="after")
     def _tls_complete(self) -> HttpConfig:

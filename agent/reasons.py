@@ -43,6 +43,7 @@ URI_TOO_LONG: Final = "uri_too_long"
 HEADERS_TOO_LARGE: Final = "headers_too_large"
 UNSUPPORTED_CONTENT_ENCODING: Final = "unsupported_content_encoding"
 OVERLOADED: Final = "overloaded"
+BODY_BUDGET: Final = "body_budget"
 STARTING: Final = "starting"
 SHUTTING_DOWN: Final = "shutting_down"
 BUFFER_FULL: Final = "buffer_full"
@@ -91,6 +92,8 @@ REJECTED: Final[dict[str, tuple[str, str]]] = {
     UNSUPPORTED_CONTENT_ENCODING: ("http", "Content-Encoding other than gzip or identity "
                                    "(415)"),
     OVERLOADED: ("http", "the buffer's writer is behind (503)"),
+    BODY_BUDGET: ("http", "the bodies being read or answered on every connection together "
+                  "are at http.max_body_bytes_in_flight (503)"),
     STARTING: ("http", "the agent is starting (503)"),
     SHUTTING_DOWN: ("socket, http", "the agent is stopping (503)"),
     # (For the spool these three are not rejections: the batch waits in its file and is

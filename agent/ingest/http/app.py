@@ -66,6 +66,16 @@ class FerryApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             target = publish_target(scope["path"])
+            raw = scope.get("raw_path")
+            if (target is not None and isinstance(raw, bytes)
+                    and publish_target(raw.decode("latin-1")) is None):
+                # "/topics/t/%62atch": the route's own segments are matched as sent, as the
+                # server's protocol matches them (issue #37); only the topic is decoded.
+                # Otherwise the same request was a plain publish there and a batch here.
+                answer = json_error(404, "not_found", f"no such resource: {scope['path']} "
+                                    "(spell /batch as is, not percent-encoded)")
+                await answer(scope, receive, send)
+                return
             if target is not None:
                 await self.publisher(scope, receive, send, *target)
                 return

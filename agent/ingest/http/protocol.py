@@ -45,7 +45,6 @@ import http
 import logging
 import ssl
 import time
-import zlib
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -53,7 +52,9 @@ import httptools
 
 from agent import reasons
 from agent.ingest.http import tls
+from agent.ingest.http.budget import BodyBudget
 from agent.ingest.http.errors import HttpError
+from agent.ingest.http.gunzip import GzipBody, Spent
 from agent.ingest.http.publish import Headers, Reply
 from agent.ingest.http.routing import PREFIX, publish_target
 from agent.process.log_limit import LogLimit
@@ -199,15 +200,21 @@ class Request:
 
     __slots__ = ("method", "url", "headers", "parts", "size", "limit", "keep_alive",
                  "version", "topic", "batch", "error", "encoding", "publish", "exact",
-                 "framing")
+                 "framing", "held", "check_at")
 
     def __init__(self) -> None:
         self.method = b""
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
-        self.parts: list[bytes] = []
+        # The body: its first read as it came, then one bytearray growing in place. A list
+        # of the parser's pieces cost about 28 times the body in 2-byte chunks (#37 N5).
+        self.parts: list[bytes | bytearray] = []
         self.size = 0
         self.limit = OTHER_BODY_LIMIT
+        # Above this size the body is checked against the limit (_over): the limit, or
+        # EXACT_LIMIT_FROM for a publish whose own limit is not looked up yet.
+        self.check_at = OTHER_BODY_LIMIT
+        self.held = 0  # bytes of the body budget this request holds
         self.keep_alive = True
         self.version = "1.1"
         self.topic = ""
@@ -224,7 +231,20 @@ class Request:
     @property
     def body(self) -> bytes:
         parts = self.parts
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        if not parts:
+            return b""
+        first = parts[0]
+        return first if type(first) is bytes else bytes(first)
+
+    def add(self, body: bytes) -> None:
+        parts = self.parts
+        if not parts:
+            parts.append(body)
+            return
+        first = parts[0]
+        if type(first) is bytes:
+            parts[0] = first = bytearray(first)
+        cast(bytearray, first).extend(body)
 
     @classmethod
     def refusal(cls, error: HttpError, of: Request | None) -> Request:
@@ -243,11 +263,12 @@ class _BodyOnly:
     is fed a stand-in head, of which nothing is wanted (httptools calls only the callbacks
     its target has), then the body, which goes to the connection as any body does."""
 
-    __slots__ = ("on_body", "on_chunk_header", "on_message_complete")
+    __slots__ = ("on_body", "on_chunk_header", "on_chunk_complete", "on_message_complete")
 
     def __init__(self, conn: HttpProtocol) -> None:
         self.on_body = conn.on_body
         self.on_chunk_header = conn.on_chunk_header
+        self.on_chunk_complete = conn.on_chunk_complete
         self.on_message_complete = conn.on_message_complete
 
 
@@ -287,8 +308,11 @@ class HttpProtocol(asyncio.Protocol):
     def __init__(self, *, limits: Limits, connections: Connections, date: DateHeader,
                  publish: DirectPublish, body_limit: BodyLimit, too_large: TooLarge,
                  refused: Refused, gone: Callable[[bool], None], asgi: AsgiRun,
-                 read_limit: int, tls: ssl.SSLContext | None = None) -> None:
+                 read_limit: int, tls: ssl.SSLContext | None = None,
+                 budget: BodyBudget | None = None) -> None:
         self.limits = limits
+        # Shared by every connection of the server (budget.py); one of its own otherwise.
+        self.budget = budget if budget is not None else BodyBudget(1 << 62)
         self.connections = connections
         self.date = date
         self.publish = publish
@@ -304,6 +328,7 @@ class HttpProtocol(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
+        self.tcp: asyncio.Transport | None = None  # the TCP transport under TLS's, if any
         self.request: Request | None = None  # being parsed
         self.current: Request | None = None  # being answered
         self.queue: collections.deque[Request] = collections.deque()
@@ -327,11 +352,22 @@ class HttpProtocol(asyncio.Protocol):
         self.write_timer: asyncio.TimerHandle | None = None
         self.chunks = 0  # chunks of the body being parsed
         self.overhead = 0  # bytes of it that were not body (chunk framing, trailers)
+        # The trailer section (#37 N3, N4): a chunk whose size line was read and none of its
+        # data may be the last one, followed by trailer fields. Bytes read in that state are
+        # counted against http.max_header_bytes alone, however many chunks came before.
+        self.in_chunk = False
+        self.chunk_data = False
+        self.read_chunks = 0  # chunk size lines in the current read
+        self.trailer = 0
+        self.trailer_fields = 0
+        # Closed with answers still unwritten (#37 N2): counted against the cap and aborted
+        # after the write deadline, since a client that never reads would keep it for ever.
+        self.draining: asyncio.TimerHandle | None = None
 
     # -- connection ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses; they have its methods.
-        transport = self.transport = cast(asyncio.Transport, transport)
+        transport = self.transport = self.tcp = cast(asyncio.Transport, transport)
         if self.connections.stopping or not self.connections.admit(self):
             err = HttpError(503, TOO_MANY_CONNECTIONS,
                             "Ferry serves as many connections as it can right now; retry "
@@ -379,7 +415,16 @@ class HttpProtocol(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        if self.draining is not None:
+            self.draining.cancel()
+            self.draining = None
         self._stop_write_timer()
+        # What is being parsed or queued is never answered: its budget is free now. The
+        # request being answered gives its own back when its answer comes (_answer).
+        if request is not None:
+            self._drop(request)
+        for queued in self.queue:
+            self._drop(queued)
         # The protocol and its parser reference each other, so this object lives until the
         # cyclic collector runs: drop what it holds now, or an abandoned 16 MiB body stays
         # in memory until then (issue #29 D). Nothing queued can be answered any more.
@@ -390,11 +435,46 @@ class HttpProtocol(asyncio.Protocol):
             self.lost.set_result(None)
 
     def close(self) -> None:
-        if not self.closed:
-            self.closed = self.stopped = True
+        """Close once what was written is out. A client that does not read would keep that
+        for ever (a closing transport waits for its buffer to drain) and, left out of the
+        cap, 994 of them took every descriptor (#37 N2): such a connection stays counted,
+        is the first to go for room, and is aborted after ``write_timeout``."""
+        if self.closed:
+            if self.draining is not None:
+                self._abort()  # asked again (for room, at the stop): go now
+            return
+        self.closed = self.stopped = True
+        transport = self.transport
+        if transport is None:
             self.connections.gone(self)
-            if self.transport is not None:
-                self.transport.close()
+            return
+        if self._unwritten():
+            self.connections.set_idle(self)
+            self.draining = self.loop.call_later(self.limits.write_timeout, self._abort)
+        else:
+            self.connections.gone(self)
+        transport.close()
+
+    def _unwritten(self) -> int:
+        size = 0
+        for transport in (self.transport, self.tcp):
+            if transport is not None and not transport.is_closing():
+                size += transport.get_write_buffer_size()
+        return size
+
+    def _abort(self) -> None:
+        self.draining = None
+        self.closed = self.stopped = True
+        self.connections.gone(self)
+        for transport in (self.transport, self.tcp):
+            if transport is not None:
+                transport.abort()
+
+    def _drop(self, request: Request) -> None:
+        """``request`` is answered or abandoned: its body's bytes leave the budget."""
+        if request.held:
+            self.budget.give(request.held)
+            request.held = 0
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -417,12 +497,9 @@ class HttpProtocol(asyncio.Protocol):
         and what it holds. Aborted, not closed: a close would wait for the writes to go
         out, which is what the client does not let happen."""
         self.write_timer = None
-        if self.write_paused and not self.closed:
+        if self.write_paused:
             log.debug("HTTP: closing a connection whose client reads no answers")
-            self.closed = self.stopped = True
-            self.connections.gone(self)
-            if self.transport is not None:
-                self.transport.abort()
+            self._abort()
 
     def addresses(self) -> tuple[Any, Any]:
         """The client's and the server's address (looked up only for the ASGI routes: a
@@ -452,13 +529,23 @@ class HttpProtocol(asyncio.Protocol):
         request = self.request
         in_body = self.parsing == "body"
         size = request.size if request is not None else 0
+        self.read_chunks = 0
         self._feed(data)
         if (in_body and request is not None and request is self.request
                 and self.parsing == "body" and self.chunks):
             # The whole read was inside one chunked body: what is not body is framing or
             # trailers, which the parser gathers without a limit (issue #29 E).
-            self.overhead += len(data) - (request.size - size)
-            if self.overhead > self.limits.header_bytes + CHUNK_FRAMING_BYTES * self.chunks:
+            overhead = len(data) - (request.size - size)
+            self.overhead += overhead
+            if self.in_chunk and not self.chunk_data:
+                # After a chunk's size line and none of its data: the trailer section, if
+                # that chunk was the last. Counted alone (framing allowed only for the
+                # chunks of this read), so its limit does not grow with the chunks (#37 N4);
+                # data arriving for the chunk clears the count (on_body).
+                self.trailer += max(0, overhead - CHUNK_FRAMING_BYTES * self.read_chunks)
+            limit = self.limits.header_bytes
+            if (self.overhead > limit + CHUNK_FRAMING_BYTES * self.chunks
+                    or self.trailer > limit):
                 self._refuse(HttpError(431, reasons.HEADERS_TOO_LARGE,
                                        "the chunked body's framing and trailers are over "
                                        f"{self.limits.header_bytes} bytes "
@@ -523,6 +610,8 @@ class HttpProtocol(asyncio.Protocol):
         """Stop parsing; answer ``error`` after the requests parsed before, then close."""
         self.stopped = True
         self.parsing = None
+        if self.request is not None:
+            self._drop(self.request)
         self.queue.append(Request.refusal(error, self.request))
         self.request = None
 
@@ -545,6 +634,18 @@ class HttpProtocol(asyncio.Protocol):
                                    reason=reasons.URI_TOO_LONG, close=True))
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.parsing == "body":
+            # A trailer field, after the last chunk. It never becomes a request header: a
+            # trailer overrode Partition-Key and Content-Type, and carried a management
+            # token (#37 N3). RFC 9110 §6.5.1 lets a recipient discard trailers; Ferry reads
+            # none, and counts them against the header limits (their bytes: data_received).
+            self.trailer_fields += 1
+            if self.trailer_fields > self.limits.headers:
+                raise _Fatal(HttpError(431, reasons.HEADERS_TOO_LARGE,
+                                       f"more than {self.limits.headers} trailer fields "
+                                       "(http.max_headers)", reason=reasons.HEADERS_TOO_LARGE,
+                                       close=True))
+            return
         request = self.request
         assert request is not None
         headers = request.headers
@@ -569,7 +670,8 @@ class HttpProtocol(asyncio.Protocol):
         self.parsing = "body"
         self.since = self.loop.time()  # the body's deadline runs from here
         self.after_answer = False
-        self.chunks = self.overhead = 0
+        self.chunks = self.overhead = self.trailer = self.trailer_fields = 0
+        self.in_chunk = self.chunk_data = False
         length = None
         coding = None
         expect = False
@@ -626,20 +728,39 @@ class HttpProtocol(asyncio.Protocol):
                 request.exact = True
             if self._over(request, declared):
                 raise _Fatal(self._too_large(request))
+        request.check_at = (request.limit if request.exact or not request.publish
+                            else min(request.limit, EXACT_LIMIT_FROM))
         self._arm()  # the body's deadline may come before the headers' one
         if expect and self.current is None and not self.queue and self.transport is not None:
             self.transport.write(_CONTINUE)
 
     def on_chunk_header(self) -> None:
         self.chunks += 1
+        self.read_chunks += 1
+        self.in_chunk = True
+        self.chunk_data = False
+
+    def on_chunk_complete(self) -> None:
+        self.in_chunk = False
 
     def on_body(self, body: bytes) -> None:
         request = self.request
         assert request is not None
-        request.size += len(body)
-        if request.size > request.limit and self._over(request, request.size):
-            raise _Fatal(self._too_large(request))
-        request.parts.append(body)
+        size = len(body)
+        request.size += size
+        if request.size > request.check_at:
+            # A publish's own limit is looked up once its body passes EXACT_LIMIT_FROM,
+            # not at the batch limit: a topic limited to 1,000 bytes read 15 MiB of a
+            # chunked body before its 413 (#37 N5).
+            if self._over(request, request.size):
+                raise _Fatal(self._too_large(request))
+            request.check_at = request.limit
+        if not self.budget.take(size):
+            raise _Fatal(self.budget.spent())
+        request.held += size
+        self.chunk_data = True
+        self.trailer = 0
+        request.add(body)
 
     def on_message_complete(self) -> None:
         request = self.request
@@ -675,10 +796,9 @@ class HttpProtocol(asyncio.Protocol):
         request.limit = self.read_limit
 
     def _over(self, request: Request, size: int) -> bool:
-        """Is ``size`` over the request's body limit (the publish's exact one)?"""
-        if size <= request.limit:
-            return False
-        if request.publish and not request.exact:
+        """Is ``size`` over the request's body limit (the publish's exact one, looked up
+        when ``size`` is over EXACT_LIMIT_FROM)?"""
+        if request.publish and not request.exact and size > EXACT_LIMIT_FROM:
             request.limit = self.body_limit(request.topic, request.batch)
             request.exact = True
         return size > request.limit
@@ -706,16 +826,59 @@ class HttpProtocol(asyncio.Protocol):
             if request.encoding is not None and request.encoding != b"identity":
                 try:
                     self._over(request, 1 << 62)  # the exact limit, for the decoded size
-                    _decode(request)
+                    job = _decoder(request, self._take_for(request))
                 except HttpError as exc:
                     self._refused(request, exc)
                     continue
-            reply = functools.partial(self._answer, request)
-            if request.publish:
-                self.publish(request.topic, request.batch, request.headers, request.body,
-                             reply)
-            else:
-                self.asgi(self, request, reply)
+                self._decode(request, job)
+                return
+            self._run(request)
+
+    def _run(self, request: Request) -> None:
+        reply = functools.partial(self._answer, request)
+        if request.publish:
+            self.publish(request.topic, request.batch, request.headers, request.body, reply)
+        else:
+            self.asgi(self, request, reply)
+
+    def _take_for(self, request: Request) -> Callable[[int], bool]:
+        budget = self.budget
+
+        def take(size: int) -> bool:
+            if not budget.take(size):
+                return False
+            request.held += size
+            return True
+
+        return take
+
+    def _decode(self, request: Request, job: GzipBody) -> None:
+        """Decode ``request``'s gzip body one step (a few milliseconds) per loop iteration,
+        so a body made to be slow to decode never holds the loop (#37 N1); then run it."""
+        if request is not self.current or self.closed:
+            self._drop(request)  # the connection went away meanwhile
+            return
+        try:
+            body = job.run()
+        except Spent:
+            self._refused(request, self.budget.spent())
+            return
+        except HttpError as exc:
+            self._refused(request, exc)
+            return
+        if body is None:
+            self.loop.call_soon(self._decode, request, job)
+            return
+        # The decoded body replaces the encoded one, whose bytes leave the budget.
+        self.budget.give(request.size)
+        request.held -= request.size
+        request.parts = [body]
+        request.size = len(body)
+        request.encoding = None
+        request.headers = [(n, v) for n, v in request.headers
+                           if n not in (b"content-encoding", b"content-length")]
+        request.headers.append((b"content-length", str(len(body)).encode()))
+        self._run(request)
 
     def _refused(self, request: Request, error: HttpError) -> None:
         self.refused(request.publish, request.batch, error)
@@ -725,6 +888,7 @@ class HttpProtocol(asyncio.Protocol):
     def _answer(self, request: Request, status: int, headers: Headers,
                 body: bytes) -> None:
         """Write ``request``'s answer (one write); then the next request, or the wait."""
+        self._drop(request)
         if request is not self.current:
             return  # not ours any more (the connection went away under it)
         self.current = None
@@ -805,6 +969,7 @@ class HttpProtocol(asyncio.Protocol):
         if request is not None:
             if request.publish:
                 self.gone(request.batch)
+            self._drop(request)
             self.request = None
         self.parsing = None
         self.stopped = self.eof = True
@@ -906,8 +1071,8 @@ def _unquote(raw: bytes) -> str:
     return unquote_to_bytes(raw).decode("utf-8", "replace")
 
 
-def _decode(request: Request) -> None:
-    """Decode a gzip body in place, up to the request's limit; any other coding is 415."""
+def _decoder(request: Request, take: Callable[[int], bool]) -> GzipBody:
+    """The decoder of a gzip body, up to the request's limit; any other coding is 415."""
     encoding = request.encoding
     if encoding not in (b"gzip", b"x-gzip"):
         raise HttpError(415, reasons.UNSUPPORTED_CONTENT_ENCODING,
@@ -916,37 +1081,4 @@ def _decode(request: Request) -> None:
                         reason=reasons.UNSUPPORTED_CONTENT_ENCODING)
     if request.publish and not request.exact:
         raise AssertionError("the exact limit is set before decoding")
-    body = _gunzip(request.body, request.limit)
-    request.parts = [body]
-    request.size = len(body)
-    request.encoding = None
-    request.headers = [(n, v) for n, v in request.headers
-                       if n not in (b"content-encoding", b"content-length")]
-    request.headers.append((b"content-length", str(len(body)).encode()))
-
-
-def _gunzip(data: bytes, limit: int) -> bytes:
-    """Every member of a gzip body, decoded and joined (RFC 1952 §2.2: a gzip file is a
-    series of members; ``gzip a b > c`` makes one), up to ``limit`` bytes. Bytes after a
-    member that are not another whole member are refused, never dropped (issue #29 F)."""
-    out: list[bytes] = []
-    size = 0
-    rest = data
-    while True:
-        decoder = zlib.decompressobj(wbits=31)
-        try:
-            part = decoder.decompress(rest, limit - size + 1)
-        except zlib.error as exc:
-            raise HttpError(400, reasons.INVALID_BODY, f"the gzip body cannot be decoded: {exc}",
-                            reason=reasons.INVALID_BODY) from None
-        size += len(part)
-        if size > limit:
-            raise HttpError(413, reasons.TOO_LARGE, f"the decoded body is over the limit of "
-                            f"{limit} bytes", reason=reasons.TOO_LARGE)
-        if not decoder.eof:
-            raise HttpError(400, reasons.INVALID_BODY, "the gzip body is truncated",
-                            reason=reasons.INVALID_BODY)
-        out.append(part)
-        rest = decoder.unused_data
-        if not rest:
-            return out[0] if len(out) == 1 else b"".join(out)
+    return GzipBody(request.body, request.limit, take)

@@ -15,6 +15,7 @@ counted as ``messages_rejected{source="http", reason}``. docs/http.md is the ref
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import logging
@@ -34,6 +35,8 @@ from agent.ingest.http.codecs import (
     Codecs,
     MediaTypeError,
     SchemaUnusable,
+    TooManyMessages,
+    TopicCodec,
     media_type,
 )
 from agent.ingest.http.counters import LocalCounters
@@ -53,6 +56,12 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+
+# A body over this that must be parsed (a batch, or a single message of a json or avro
+# topic) is converted on a thread of its own, not on the event loop: converting a 4 MiB
+# batch held every other client for seconds (#37 N6). The thread gives the loop the GIL
+# every switch interval (1 ms, gil.py) between the values it parses.
+OFF_LOOP_BYTES = 64 * 1024
 
 # Refusals of a request whose body is still coming keep the connection (httptools reads and
 # drops the rest of a declared body) unless that body is bigger than this.
@@ -88,6 +97,8 @@ class Publisher:
         self.idempotency = idem.Idempotency(runtime.store, cfg.idempotency_window_seconds)
         self.body_timeout = cfg.body_timeout_seconds
         self.max_batch_bytes = cfg.max_batch_bytes
+        self.max_batch_messages = cfg.max_batch_messages
+        self._converter: concurrent.futures.ThreadPoolExecutor | None = None
         self.internal_topics = frozenset(cfg.internal_topics)
         # Allow-listed request headers -> Kafka header names (spelled as configured).
         self.allowlist = {n.lower().encode("latin-1"): n for n in cfg.header_allowlist}
@@ -146,6 +157,8 @@ class Publisher:
         self.counters.flush()
         if self._watcher is not None:
             self._watcher.close()
+        if self._converter is not None:
+            self._converter.shutdown(wait=False, cancel_futures=True)
 
     # -- ASGI ------------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send, topic: str,
@@ -188,18 +201,54 @@ class Publisher:
                 self._tasks.add(task)
                 task.add_done_callback(functools.partial(self._stored, request, reply))
                 return
-            records = self._records(request, body)
-            self._rate_limit(request, len(records))
-            # Waiting for Kafka (201) goes on callbacks too: a task per request cost more
-            # CPU than the wait itself.
-            done = (self._committed_wait if self._waits_for_kafka(request.settings)
-                    else self._committed)
-            self._enqueue(records, None, functools.partial(done, request, len(records), reply))
-            self._direct_pending += 1
+            codec = self._codec(request)
+            if self._off_loop(request, codec, body):
+                assert self._loop is not None
+                converted = self._loop.run_in_executor(self._converting(), self._convert,
+                                                       request, codec, body)
+                self._direct_pending += 1
+                converted.add_done_callback(functools.partial(self._converted, request, reply))
+                return
+            self._hand(request, self._convert(request, codec, body), reply)
         except Exception as exc:  # noqa: BLE001 - refusals, and bugs (500, logged)
             status, out_headers, answer = self._refused(exc, topic)
             self.counters.add_key(_REQUESTS[batch][status])
             reply(status, out_headers, answer)
+
+    def _hand(self, request: _Request, records: list[Record], reply: Reply) -> None:
+        """Rate-limit and queue a direct publish's records for the writer."""
+        self._rate_limit(request, len(records))
+        # Waiting for Kafka (201) goes on callbacks too: a task per request cost more
+        # CPU than the wait itself.
+        done = (self._committed_wait if self._waits_for_kafka(request.settings)
+                else self._committed)
+        self._enqueue(records, None, functools.partial(done, request, len(records), reply))
+        self._direct_pending += 1
+
+    def _converted(self, request: _Request, reply: Reply,
+                   converted: asyncio.Future[list[Record]]) -> None:
+        """On the loop: a body converted on the converter thread; hand it to the writer."""
+        self._direct_pending -= 1
+        if converted.cancelled():
+            return  # the loop is shutting down: the connection goes with it
+        try:
+            self._hand(request, converted.result(), reply)
+        except Exception as exc:  # noqa: BLE001 - refusals, and bugs (500, logged)
+            status, out_headers, answer = self._refused(exc, request.topic)
+            self.counters.add_key(_REQUESTS[request.batch][status])
+            reply(status, out_headers, answer)
+
+    def _converting(self) -> concurrent.futures.ThreadPoolExecutor:
+        # One thread: conversions wait their turn rather than contend for the GIL with each
+        # other and the loop; each is bounded by the body and message limits.
+        if self._converter is None:
+            self._converter = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="ferry-http-convert")
+        return self._converter
+
+    @staticmethod
+    def _off_loop(request: _Request, codec: TopicCodec, body: bytes) -> bool:
+        return len(body) > OFF_LOOP_BYTES and (request.batch or codec.content_type != "binary")
 
     def body_limit(self, topic: str, batch: bool) -> int:
         """The largest body a publish to ``topic`` may have (the server's protocol reads no
@@ -376,19 +425,38 @@ class Publisher:
                                 reason=reasons.INVALID_HEADER) from None
         return request
 
-    def _records(self, request: _Request, body: bytes) -> list[Record]:
-        """The body, checked and converted for the topic, as records."""
-        topic, batch, settings = request.topic, request.batch, request.settings
+    def _codec(self, request: _Request) -> TopicCodec:
+        """The topic's codec (on the loop: the cache of codecs is not shared)."""
         try:
-            codec = self.codecs.get(settings)
+            return self.codecs.get(request.settings)
         except ValueError as exc:
             raise HttpError(500, "topic_misconfigured",
-                            f"topic {topic!r} cannot take messages: {exc}") from None
+                            f"topic {request.topic!r} cannot take messages: {exc}") from None
+
+    def _records(self, request: _Request, body: bytes) -> list[Record]:
+        """The body, checked and converted for the topic, as records."""
+        return self._convert(request, self._codec(request), body)
+
+    async def _records_off_loop(self, request: _Request, body: bytes) -> list[Record]:
+        codec = self._codec(request)
+        if not self._off_loop(request, codec, body):
+            return self._convert(request, codec, body)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._converting(), self._convert, request, codec,
+                                          body)
+
+    def _convert(self, request: _Request, codec: TopicCodec, body: bytes) -> list[Record]:
+        """The body, checked and converted with ``codec``, as records. Reads nothing of the
+        publisher's mutable state: it may run on the converter thread."""
+        topic, batch, settings = request.topic, request.batch, request.settings
         # A binary topic stores a single message's body as it came, whatever its type.
         media = (None if codec.content_type == "binary" and not batch
                  else media_type(request.ctype))
         try:
-            values = codec.batch(media, body) if batch else [codec.single(media, body)]
+            values = (codec.batch(media, body, self.max_batch_messages) if batch
+                      else [codec.single(media, body)])
+        except TooManyMessages as exc:
+            raise HttpError(413, reasons.TOO_LARGE, str(exc), reason=reasons.TOO_LARGE) from None
         except BodyError as exc:
             raise HttpError(400, reasons.INVALID_BODY, str(exc), reason=reasons.INVALID_BODY,
                             count=exc.count) from None
@@ -431,7 +499,7 @@ class Publisher:
 
     async def _store(self, request: _Request, body: bytes) -> _Outcome:
         """Convert, store and answer: idempotency, rate limit, commit, wait for Kafka."""
-        records = self._records(request, body)
+        records = await self._records_off_loop(request, body)
         n = len(records)
         topic, batch, settings = request.topic, request.batch, request.settings
         ikey = request.ikey

@@ -36,6 +36,7 @@ import uvloop
 from agent.ingest.gil import SWITCH_INTERVAL, lower_switch_interval
 from agent.ingest.http import tls as tls_files
 from agent.ingest.http.asgi import AsgiRunner
+from agent.ingest.http.budget import BodyBudget
 from agent.ingest.http.protocol import Connections, DateHeader, HttpProtocol, Limits
 from agent.ingest.http.tls import TlsConfigError, TlsFiles
 from agent.ingest.runtime import Phase, Runtime
@@ -104,6 +105,8 @@ class HttpServer:
         self.connections = Connections(
             connection_cap(cfg.max_connections),
             lambda reason: registry.inc("http_connections_closed", 1, reason=reason))
+        # Request bodies held by all connections of both listeners together (budget.py).
+        self.budget = BodyBudget(cfg.max_body_bytes_in_flight)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -179,14 +182,16 @@ class HttpServer:
         self._stop = asyncio.Event()
         publisher = self.app.publisher
         asgi = AsgiRunner(self.app)
-        limits, connections, date = self.limits, self.connections, DateHeader()
+        limits, connections, date, budget = (self.limits, self.connections, DateHeader(),
+                                             self.budget)
 
         def protocol(tls: ssl.SSLContext | None = None) -> HttpProtocol:
             return HttpProtocol(limits=limits, connections=connections, date=date,
                                 publish=publisher.direct, body_limit=publisher.body_limit,
                                 too_large=publisher.too_large, refused=publisher.refused_early,
                                 gone=publisher.gone, asgi=asgi,
-                                read_limit=publisher.max_batch_bytes, tls=tls)
+                                read_limit=publisher.max_batch_bytes, tls=tls,
+                                budget=budget)
 
         servers = [await loop.create_server(protocol, sock=sock, backlog=BACKLOG)]
         watching: asyncio.Task[None] | None = None
