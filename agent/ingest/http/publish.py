@@ -21,6 +21,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from agent import reasons
@@ -28,6 +29,7 @@ from agent.buffer import keys
 from agent.buffer.committer import ShuttingDown
 from agent.buffer.store import BufferFull, BufferUnavailable, InvalidGroup
 from agent.config import TopicConfig
+from agent.ingest import kafka_limits
 from agent.ingest.http import idempotency as idem
 from agent.ingest.http.codecs import (
     BodyError,
@@ -44,6 +46,7 @@ from agent.ingest.http.ratelimit import RateLimiter
 from agent.ingest.runtime import Phase, Runtime
 from agent.records import Record, Source
 from agent.signals.ack import socket_path as ack_socket_path
+from agent.signals.limits import Limit
 from agent.topics import TopicCatalog, valid_topic
 from ferry_client.topic_names import illegal_topic
 
@@ -100,6 +103,11 @@ class Publisher:
                             else None)
         self.counters = LocalCounters(runtime.registry)
         self.deadlines = BodyDeadlines()
+        # What a Kafka topic can never take is refused here (agent/ingest/kafka_limits.py).
+        # Telling whether a message fits compressed is CPU work of milliseconds, for the
+        # rare message over the limit uncompressed: on a thread of its own, one at a time.
+        self.kafka_limits = runtime.limits
+        self._sizing: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._bridge: CompletionBridge | None = None
         self._watcher: DeliveryWatcher | None = None
@@ -144,6 +152,8 @@ class Publisher:
 
     def close(self) -> None:
         self.counters.flush()
+        if self._sizing is not None:
+            self._sizing.shutdown(wait=False, cancel_futures=True)
         if self._watcher is not None:
             self._watcher.close()
 
@@ -189,6 +199,13 @@ class Publisher:
                 task.add_done_callback(functools.partial(self._stored, request, reply))
                 return
             records = self._records(request, body)
+            if request.oversize:
+                # Over the Kafka topic's limit uncompressed: the verdict takes the executor.
+                task = asyncio.get_running_loop().create_task(
+                    self._store(request, body, records))
+                self._tasks.add(task)
+                task.add_done_callback(functools.partial(self._stored, request, reply))
+                return
             self._rate_limit(request, len(records))
             # Waiting for Kafka (201) goes on callbacks too: a task per request cost more
             # CPU than the wait itself.
@@ -411,11 +428,43 @@ class Publisher:
                             reason=reasons.TOO_LARGE, count=n)
         request.ts = ts = int(time.time() * 1000)
         headers = request.kafka_headers
+        snapshot = self.kafka_limits.current()
+        if snapshot.topics and (limit := snapshot.topics.get(topic)) is not None:
+            self._over_kafka_limit(request, limit, snapshot.compression, values)
         partition_key = request.partition_key
         hash_key = pkey is not None
         if n == 1:
             return [Record(topic, values[0], pkey, partition_key, ts, headers, hash_key)]
         return [Record(topic, v, pkey, partition_key, ts, headers, hash_key) for v in values]
+
+    def _over_kafka_limit(self, request: _Request, limit: Limit, compression: str,
+                          values: list[bytes]) -> None:
+        """Mark the messages over the Kafka topic's limit uncompressed (``request.oversize``)
+        for ``_kafka_verdict``. The longest value first: usually it fits, and so do all."""
+        key_len = len(request.pkey) if request.pkey is not None else None
+        headers = request.kafka_headers
+        if not kafka_limits.may_be_too_large(limit, key_len, max(map(len, values)), headers):
+            return
+        request.oversize = [i for i, v in enumerate(values)
+                            if kafka_limits.may_be_too_large(limit, key_len, len(v), headers)]
+        request.kafka_limit = (limit, compression)
+
+    async def _kafka_verdict(self, request: _Request, values: list[bytes]) -> None:
+        """413 when the Kafka topic can never take one of the ``request.oversize`` messages,
+        even compressed; decided on the sizing thread, off the event loop."""
+        assert request.kafka_limit is not None
+        limit, compression = request.kafka_limit
+        if self._sizing is None:
+            self._sizing = ThreadPoolExecutor(1, thread_name_prefix="http-sizing")
+        found = await asyncio.get_running_loop().run_in_executor(
+            self._sizing, functools.partial(
+                kafka_limits.first_too_large, request.topic, limit, compression,
+                request.pkey, values, request.oversize, request.kafka_headers))
+        if found is not None:
+            i, why = found
+            where = f"message [{i}]: " if request.batch else ""
+            raise HttpError(413, reasons.TOO_LARGE_FOR_TOPIC, where + why,
+                            reason=reasons.TOO_LARGE_FOR_TOPIC, count=len(values))
 
     def _rate_limit(self, request: _Request, n: int) -> None:
         settings = request.settings
@@ -429,9 +478,12 @@ class Publisher:
     def _waits_for_kafka(self, settings: TopicConfig) -> bool:
         return self.track and settings.ack_timeout_ms > 0
 
-    async def _store(self, request: _Request, body: bytes) -> _Outcome:
-        """Convert, store and answer: idempotency, rate limit, commit, wait for Kafka."""
-        records = self._records(request, body)
+    async def _store(self, request: _Request, body: bytes,
+                     records: list[Record] | None = None) -> _Outcome:
+        """Convert, store and answer: idempotency, the Kafka topic's limit, rate limit,
+        commit, wait for Kafka. ``records``: the body converted already."""
+        if records is None:
+            records = self._records(request, body)
         n = len(records)
         topic, batch, settings = request.topic, request.batch, request.settings
         ikey = request.ikey
@@ -446,6 +498,8 @@ class Publisher:
             replay = await self._replay(topic, state_key, fingerprint, settings, batch, n)
             if replay is not None:
                 return (*replay, 0)  # stored before: received (and counted) the first time
+        if request.oversize:
+            await self._kafka_verdict(request, [r.value for r in records])
         self._rate_limit(request, n)
         if state_key is None:
             ids = await self._commit(records)
@@ -691,7 +745,7 @@ class _Request:
     """What ``_check`` learnt from a publish request's path and headers."""
 
     __slots__ = ("topic", "batch", "settings", "limit", "ctype", "pkey", "fpk", "ikey",
-                 "partition_key", "kafka_headers", "ts")
+                 "partition_key", "kafka_headers", "ts", "oversize", "kafka_limit")
 
     def __init__(self, topic: str, batch: bool, settings: TopicConfig) -> None:
         self.topic = topic
@@ -705,6 +759,10 @@ class _Request:
         self.partition_key: int | None = None
         self.kafka_headers: tuple[tuple[str, bytes], ...] = ()
         self.ts = 0
+        # Messages (indices) over the Kafka topic's limit uncompressed, and that limit with
+        # the producer's compression: _kafka_verdict decides them.
+        self.oversize: list[int] = []
+        self.kafka_limit: tuple[Limit, str] | None = None
 
 
 class _Disconnected(Exception):
