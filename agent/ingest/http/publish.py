@@ -429,7 +429,7 @@ class Publisher:
         request.ts = ts = int(time.time() * 1000)
         headers = request.kafka_headers
         snapshot = self.kafka_limits.current()
-        if snapshot.topics and (limit := snapshot.topics.get(topic)) is not None:
+        if values and snapshot.topics and (limit := snapshot.topics.get(topic)) is not None:
             self._over_kafka_limit(request, limit, snapshot.compression, values)
         partition_key = request.partition_key
         hash_key = pkey is not None
