@@ -77,6 +77,10 @@ DEFINITIONS: dict[str, MetricDef] = {
         MetricDef("buffer_used_bytes", "gauge", "LMDB pages in use by buffered messages."),
         MetricDef("buffer_max_bytes", "gauge", "Configured buffer capacity."),
         MetricDef("buffer_full", "gauge", "1 while new input is refused for lack of space."),
+        MetricDef("kafka_topic_limits_known", "gauge",
+                  "Topics whose limits on the local cluster (max.message.bytes, timestamps) "
+                  "the intake knows from the forwarder: what they can never take is refused "
+                  "at intake (too_large_for_topic, timestamp_out_of_range)."),
         MetricDef("produce_latency_seconds", "histogram",
                   "Time from produce() to the cluster's acknowledgement.", ("cluster",)),
         MetricDef("topics_stuck", "gauge",

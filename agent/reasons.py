@@ -50,6 +50,8 @@ BUFFER_FULL: Final = "buffer_full"
 DISK_FULL: Final = "disk_full"
 DISK_ERROR: Final = "disk_error"
 UNENCODABLE: Final = "unencodable"
+TOO_LARGE_FOR_TOPIC: Final = "too_large_for_topic"
+TIMESTAMP_OUT_OF_RANGE: Final = "timestamp_out_of_range"
 
 # Discarded: buffered (acknowledged), then dropped by an explicit rule.
 TTL: Final = "ttl"
@@ -103,6 +105,12 @@ REJECTED: Final[dict[str, tuple[str, str]]] = {
     DISK_ERROR: ("socket, http", "the buffer's disk refused a write (503)"),
     UNENCODABLE: ("socket, http, spool", "a record the buffer cannot encode (400; a spool "
                   "file holding one is quarantined as unencodable)"),
+    TOO_LARGE_FOR_TOPIC: ("socket, http", "larger, even alone in a batch and compressed, "
+                          "than the Kafka topic's max.message.bytes on the local cluster "
+                          "(413)"),
+    TIMESTAMP_OUT_OF_RANGE: ("socket", "a client-set timestamp older than the Kafka topic's "
+                             "message.timestamp.before.max.ms, or further ahead than its "
+                             "after.max.ms, by more than a minute"),
 }
 
 # Buffered (acknowledged), then dropped by an explicit rule; each is in the discard log.

@@ -231,7 +231,8 @@ class Agent:
             # Topics defined over HTTP set their max_message_bytes for datagrams too.
             catalog = TopicCatalog(cfg, self.store)
             self.stages.append(SocketServer(cfg, self.committer, self.registry,
-                                            topic_settings=catalog.settings))
+                                            topic_settings=catalog.settings,
+                                            limits=self.runtime.limits))
         if cfg.http.listen:
             self.stages.append(_http_stage(self.runtime))
         if cfg.spool.dirs:
@@ -299,6 +300,8 @@ class Agent:
         # Re-checked here too, not only when /status/ready asks: with no input and only
         # /metrics scraped, the gauge would otherwise stay 1 after the buffer drained.
         reg.set("buffer_full", 1.0 if self.committer.full else 0.0)
+        # Also looks for a new snapshot when no input did (agent/signals/limits.py).
+        reg.set("kafka_topic_limits_known", float(len(self.runtime.limits.current().topics)))
         if time.monotonic() >= self._next_memory_sample:
             self._next_memory_sample = time.monotonic() + MEMORY_SAMPLE_SECONDS
             self._sample_memory()

@@ -154,6 +154,9 @@ class Cluster:
         self._purge_due = False  # newly unreachable: queued sends to be routed again
         self._unreachable_logged: set[int] = set()
         self._probe: Probe | None = None
+        # Told every topic's limits whenever they were learnt or forgotten (the forwarder
+        # publishes the local cluster's to the intake: agent/signals/limits.py).
+        self.on_limits: Callable[[dict[str, TopicLimits]], None] | None = None
         self._thread = threading.Thread(target=self._metadata_loop, name=f"metadata-{name}",
                                         daemon=True)
 
@@ -378,6 +381,7 @@ class Cluster:
             lay = TopicLayout(parts, (), leaders)
             lay.route_around(self._unreachable)
             layouts[name] = lay
+        pruned: list[str] = []
         with self._lock:
             self.brokers = len(md.brokers)
             for name, lay in layouts.items():
@@ -400,10 +404,13 @@ class Cluster:
                 for name in [n for n in self._layouts
                              if n not in layouts and n not in self._used]:
                     del self._layouts[name]
-                for name in [n for n in self._described
-                             if n not in layouts and n not in self._used]:
+                pruned = [n for n in self._described
+                          if n not in layouts and n not in self._used]
+                for name in pruned:
                     self._described.discard(name)
                     self._limits.pop(name, None)
+        if pruned:
+            self._told_limits()  # outside the lock: it writes a file
 
     def learn_limits(self, topics: list[str]) -> None:
         """Describe ``topics``' configurations and keep their limits (topic_limits.py).
@@ -424,6 +431,17 @@ class Cluster:
                          {0: "the default size", ALONE: "one message"}.get(
                              batch_bytes(new), f"{batch_bytes(new)} bytes at most"))
         self._limits.update(learnt)
+        if learnt:
+            self._told_limits()
+
+    def _told_limits(self) -> None:
+        callback = self.on_limits
+        if callback is None:
+            return
+        try:
+            callback(dict(self._limits))
+        except Exception:  # noqa: BLE001 - telling the intake must not stop the metadata loop
+            log.exception("publishing the limits of cluster %s failed", self.name)
 
     def _metadata_loop(self) -> None:
         next_full = 0.0

@@ -19,7 +19,7 @@ from typing import Any
 from agent.buffer.store import Store
 from agent.config import FerryConfig, TopicConfig
 from agent.forwarder.cluster_watch import ClusterWatch
-from agent.forwarder.clusters import Cluster
+from agent.forwarder.clusters import Cluster, producer_config
 from agent.forwarder.discard_log import DiscardLog
 from agent.forwarder.flight import LOCAL, REMOTE
 from agent.forwarder.leaving import Leaving
@@ -31,6 +31,7 @@ from agent.forwarder.retries import Retries
 from agent.forwarder.routing import Routing
 from agent.forwarder.send import Sending
 from agent.forwarder.stuck_topics import StuckTopics
+from agent.forwarder.topic_limits import TopicLimits
 from agent.forwarder.transactions import ExactlyOnce
 from agent.forwarder.trouble import Trouble
 from agent.metrics import REGISTRY, Registry
@@ -39,6 +40,8 @@ from agent.signals.ack import AckSender
 from agent.signals.ack import socket_path as ack_socket_path
 from agent.signals.commit import listen as listen_for_commits
 from agent.signals.commit import socket_path as commit_socket_path
+from agent.signals.limits import Limit, LimitsPublisher
+from agent.signals.limits import file_path as limits_file_path
 
 # Acknowledged and discarded messages leave the buffer in one fsynced transaction per this
 # many seconds or DELETE_BATCH_MESSAGES, whichever comes first. Nothing waits on the delete
@@ -79,6 +82,13 @@ class Forwarder(Reading, Routing, Sending, Reports, Retries, StuckTopics, Leavin
             if config.kafka.remote is not None:
                 clusters[REMOTE] = Cluster(REMOTE, config.kafka.remote, fwd, self._client_error)
         self.clusters = clusters
+        # The local cluster's topic limits, for the intake to refuse what a topic can never
+        # take (agent/signals/limits.py). Only the local one: a remote cluster's limits only
+        # matter to a message that falls back, which the forwarder's own rules handle.
+        self._limits = LimitsPublisher(limits_file_path(config.buffer.path),
+                                       _compression(config))
+        self._limits.clear()
+        clusters[LOCAL].on_limits = self._publish_limits
         self.max_in_flight = fwd.max_in_flight_messages
         self.per_topic_cap = max(1000, self.max_in_flight // 4)
         self.backoff_initial = fwd.retry_backoff_ms / 1000.0
@@ -181,6 +191,10 @@ class Forwarder(Reading, Routing, Sending, Reports, Retries, StuckTopics, Leavin
         if self._commits is not None:
             self._commits.close()
 
+    def _publish_limits(self, limits: dict[str, TopicLimits]) -> None:
+        self._limits.publish({t: Limit(lim.max_message_bytes, lim.before_max_ms,
+                                       lim.after_max_ms) for t, lim in limits.items()})
+
     def topic_count(self) -> int:
         """Topics whose state the loop keeps, and walks on every step: those with buffered
         messages, or with anything in flight, retried, leaving or stuck (topic_state.py)."""
@@ -190,3 +204,15 @@ class Forwarder(Reading, Routing, Sending, Reports, Retries, StuckTopics, Leavin
         return {"in_flight": self._in_flight,
                 "retries": sum(len(s.retry) for s in self._topics.values()),
                 "topics": {t: s.in_flight for t, s in self._topics.items()}}
+
+
+def _compression(config: FerryConfig) -> str:
+    """The codec the local cluster's producers compress with: forwarder.compression, unless
+    the cluster's librdkafka properties set it (either name; the last one set wins, as
+    librdkafka applies them in order)."""
+    conf = producer_config(LOCAL, "all", config.kafka.local, config.forwarder)
+    codec = "none"
+    for name, value in conf.items():
+        if name in ("compression.type", "compression.codec"):
+            codec = str(value)
+    return codec

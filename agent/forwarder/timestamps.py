@@ -26,15 +26,15 @@ from __future__ import annotations
 
 from typing import Literal
 
+# SKEW_MS: how far ahead of Ferry's clock a timestamp may be, at acceptance, and still be
+# Ferry's own clock's; NO_LIMIT_MS: a before/after.max.ms at or past it is no limit. Shared
+# with the intake, which refuses what a topic can never take (agent/record_batch.py).
+from agent.record_batch import NO_LIMIT_MS, SKEW_MS
+
 # The header a re-stamped message carries its original timestamp in.
 ORIGINAL = "ferry-original-timestamp"
-# How far ahead of Ferry's clock a timestamp may be, at acceptance, and still be Ferry's
-# own clock's (a client's clock a little ahead, or the time the send took).
-SKEW_MS = 60_000
 
 Verdict = Literal["restamp", "clock_ahead", "refuse"]
-# A topic's before.max.ms at or past this is no limit (Kafka's default is Long.MAX_VALUE).
-NO_LIMIT_MS = 10 * 365 * 86_400_000
 # Re-stamp this long before the limit is reached (at most a quarter of it): the message
 # still travels to the broker after the check.
 MARGIN_MS = 10_000

@@ -59,6 +59,7 @@ from agent.forwarder.suspects import Suspects
 from agent.forwarder.topic_limits import ALONE
 from agent.metrics import Registry
 from agent.process.log_limit import LogLimit
+from agent.record_batch import RECORD_OVERHEAD  # a record's weight in a batch, beside its value
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +70,6 @@ CALL_TIMEOUT = 30.0
 RETRY_INITIAL = 0.5
 RETRY_MAX = 10.0
 READ_BATCH = 2000
-# What a record weighs in a batch besides its stored value, on the safe side: the record's
-# framing and Ferry's tag header (identity and message id).
-RECORD_OVERHEAD = 160
 FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED}
 # After an abort every message has its outcome; their reports come within this.
 ABORTED_REPORTS_TIMEOUT = 5.0

@@ -11,6 +11,8 @@ from agent.buffer.committer import Committer
 from agent.buffer.store import Store
 from agent.config import FerryConfig
 from agent.metrics import REGISTRY, Registry
+from agent.signals.limits import LimitsView
+from agent.signals.limits import file_path as limits_file_path
 
 
 class Phase(enum.Enum):
@@ -28,6 +30,12 @@ class Runtime:
     started_at: float = field(default_factory=time.time)
     _phase: Phase = Phase.STARTING
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # The Kafka topics' limits the forwarder learnt: every source refuses what a topic can
+    # never take (agent/ingest/kafka_limits.py). One view, one look at the file a second.
+    limits: LimitsView = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.limits = LimitsView(limits_file_path(self.config.buffer.path))
 
     @property
     def phase(self) -> Phase:

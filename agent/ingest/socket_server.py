@@ -21,15 +21,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent import reasons
+from agent.buffer import codec
 from agent.buffer.committer import Committer, Result, ShuttingDown
 from agent.buffer.generations import GENERATIONS_MAX_AGE
 from agent.buffer.store import EncodedGroup
 from agent.config import FerryConfig, TopicConfig
-from agent.ingest import datagram
+from agent.ingest import datagram, kafka_limits
 from agent.ingest.gil import lower_switch_interval
 from agent.metrics import REGISTRY, Registry
 from agent.process.log_limit import LogLimit
 from agent.records import Source
+from agent.signals.limits import Limit, LimitsView, Snapshot
+from agent.signals.limits import file_path as limits_file_path
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,7 @@ class SocketServer:
     def __init__(
         self, config: FerryConfig, committer: Committer, registry: Registry = REGISTRY,
         *, topic_settings: Callable[[str], TopicConfig] | None = None,
+        limits: LimitsView | None = None,
     ) -> None:
         assert config.socket.path is not None
         self.path: Path = config.socket.path
@@ -60,6 +64,9 @@ class SocketServer:
         # Per-topic settings: the daemon passes the topic catalog's, so topics defined over
         # HTTP count too; the limits read from it are looked up again every second.
         self.topic_settings = topic_settings or config.topic
+        # What the Kafka topics can never take, as the forwarder learnt it
+        # (agent/signals/limits.py): refused here, before anything is stored.
+        self.kafka_limits = limits or LimitsView(limits_file_path(config.buffer.path))
         self.receive_buffer = max(
             MIN_RECEIVE_BUFFER,
             max(t.max_message_bytes for t in config.topics.values()) + DATAGRAM_OVERHEAD)
@@ -152,6 +159,11 @@ class SocketServer:
                 generations = self._generations(generations)
                 generations_at = time.monotonic()
                 self._limits.clear()  # topics redefined over HTTP meanwhile
+            # Looked at once per round, not per datagram: usually empty (nothing learnt yet,
+            # or no topic limited), and then each datagram costs one truth test.
+            snapshot = self.kafka_limits.current()
+            kafka_topics = snapshot.topics
+            now_ms = int(time.time() * 1000) if kafka_topics else 0
             # Values by topic, each topic's in arrival order (the order the buffer keeps).
             by_topic: dict[str, list[bytes]] = {}
             rejects: dict[str, int] = {}
@@ -165,6 +177,10 @@ class SocketServer:
                             f"most {size} (the largest max_message_bytes configured, plus "
                             "the header)")
                     topic, value = parse(view[:n], limit, generations)
+                    if kafka_topics:
+                        kafka_limit = kafka_topics.get(topic)
+                        if kafka_limit is not None:
+                            _admit(topic, value, kafka_limit, snapshot, now_ms)
                 except datagram.Reject as rej:
                     rejects[rej.reason] = rejects.get(rej.reason, 0) + 1
                     reg.sample("rejected", rej.reason, {"source": Source.SOCKET,
@@ -195,6 +211,30 @@ class SocketServer:
                     reg.inc("messages_rejected", len(group), source=Source.SOCKET,
                             reason=reasons.SHUTTING_DOWN)
                     return
+
+
+_HEADER = codec.HEADER
+_HEADER_SIZE = codec.HEADER.size
+
+
+def _admit(topic: str, value: bytes, limit: Limit, snapshot: Snapshot, now_ms: int
+           ) -> None:
+    """Raise ``datagram.Reject`` when the Kafka topic can never take this datagram (its
+    stored ``value``: the buffer's header, the key, the value): too large even compressed,
+    or a timestamp out of the topic's range."""
+    _, flags, _, ts, _, klen, _ = _HEADER.unpack_from(value)
+    key_len = klen if flags & codec.HAS_KEY else None
+    value_len = len(value) - _HEADER_SIZE - klen
+    if kafka_limits.may_be_too_large(limit, key_len, value_len):
+        start = _HEADER_SIZE + klen
+        why = kafka_limits.too_large(topic, limit, snapshot.compression,
+                                     value[_HEADER_SIZE:start] if key_len is not None else None,
+                                     value[start:])
+        if why is not None:
+            raise datagram.Reject(reasons.TOO_LARGE_FOR_TOPIC, why)
+    why = kafka_limits.bad_timestamp(topic, limit, ts, now_ms)
+    if why is not None:
+        raise datagram.Reject(reasons.TIMESTAMP_OUT_OF_RANGE, why)
 
 
 _refusals = LogLimit(log)

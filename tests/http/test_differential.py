@@ -569,17 +569,16 @@ def test_a_disagreement_found_by_fuzzing(
     stored.new()
 
 
-def test_a_gzip_publish_on_the_asgi_path_is_stored_decoded(ferry: tuple[Served, Stored]) -> None:
-    """``Publisher.__call__`` (the ASGI publish) does not read Content-Encoding, and it is
-    reachable: ``/topics/t/%62atch`` is not a publish to the protocol's raw-URL routing but is
-    ``/topics/t/batch`` to the app's decoded path. The protocol decodes a gzip body before
-    any route runs, so what the ASGI path stores is the decoded body all the same."""
+def test_a_percent_encoded_batch_route_is_no_publish(ferry: tuple[Served, Stored]) -> None:
+    """``/topics/t/%62atch`` is not a publish to the protocol's raw-URL routing, and the
+    app's decoded path must not make it ``/topics/t/batch`` (issue #37): one request, one
+    reading. 404 naming the spelling, nothing stored, gzip body or not."""
     served, stored = ferry
     body = gzip.compress(b'"a"\n"b"\n', mtime=0)
     request = (b"POST /topics/fzasgi/%%62atch HTTP/1.1\r\nHost: x\r\n"
                b"Content-Type: application/x-ndjson\r\nContent-Encoding: gzip\r\n"
                b"Content-Length: %d\r\n\r\n" % len(body) + body)
     answers = exchange(served, [request])
-    assert [a.status for a in answers] == [202], answers
-    assert json.loads(answers[0].body)["count"] == 2
-    assert stored.new() == [("fzasgi", b'"a"'), ("fzasgi", b'"b"')]
+    assert [a.status for a in answers] == [404], answers
+    assert b"not percent-encoded" in answers[0].body
+    assert stored.new() == []

@@ -22,6 +22,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from agent import reasons
@@ -29,6 +30,7 @@ from agent.buffer import keys
 from agent.buffer.committer import ShuttingDown
 from agent.buffer.store import BufferFull, BufferUnavailable, InvalidGroup
 from agent.config import TopicConfig
+from agent.ingest import kafka_limits
 from agent.ingest.http import idempotency as idem
 from agent.ingest.http.codecs import (
     BodyError,
@@ -47,6 +49,7 @@ from agent.ingest.http.ratelimit import RateLimiter
 from agent.ingest.runtime import Phase, Runtime
 from agent.records import Record, Source
 from agent.signals.ack import socket_path as ack_socket_path
+from agent.signals.limits import Limit
 from agent.topics import TopicCatalog, valid_topic
 from ferry_client.topic_names import illegal_topic
 
@@ -111,6 +114,11 @@ class Publisher:
                             else None)
         self.counters = LocalCounters(runtime.registry)
         self.deadlines = BodyDeadlines()
+        # What a Kafka topic can never take is refused here (agent/ingest/kafka_limits.py).
+        # Telling whether a message fits compressed is CPU work of milliseconds, for the
+        # rare message over the limit uncompressed: on a thread of its own, one at a time.
+        self.kafka_limits = runtime.limits
+        self._sizing: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._bridge: CompletionBridge | None = None
         self._watcher: DeliveryWatcher | None = None
@@ -155,6 +163,8 @@ class Publisher:
 
     def close(self) -> None:
         self.counters.flush()
+        if self._sizing is not None:
+            self._sizing.shutdown(wait=False, cancel_futures=True)
         if self._watcher is not None:
             self._watcher.close()
         if self._converter is not None:
@@ -209,7 +219,11 @@ class Publisher:
                 self._direct_pending += 1
                 converted.add_done_callback(functools.partial(self._converted, request, reply))
                 return
-            self._hand(request, self._convert(request, codec, body), reply)
+            records = self._convert(request, codec, body)
+            if request.oversize:
+                self._judge_oversize(request, records, reply)
+                return
+            self._hand(request, records, reply)
         except Exception as exc:  # noqa: BLE001 - refusals, and bugs (500, logged)
             status, out_headers, answer = self._refused(exc, topic)
             self.counters.add_key(_REQUESTS[batch][status])
@@ -225,6 +239,13 @@ class Publisher:
         self._enqueue(records, None, functools.partial(done, request, len(records), reply))
         self._direct_pending += 1
 
+    def _judge_oversize(self, request: _Request, records: list[Record], reply: Reply) -> None:
+        """Over the Kafka topic's limit uncompressed: the verdict takes the sizing thread,
+        then the records are stored (or refused) as a task."""
+        task = asyncio.get_running_loop().create_task(self._store(request, b"", records))
+        self._tasks.add(task)
+        task.add_done_callback(functools.partial(self._stored, request, reply))
+
     def _converted(self, request: _Request, reply: Reply,
                    converted: asyncio.Future[list[Record]]) -> None:
         """On the loop: a body converted on the converter thread; hand it to the writer."""
@@ -232,7 +253,11 @@ class Publisher:
         if converted.cancelled():
             return  # the loop is shutting down: the connection goes with it
         try:
-            self._hand(request, converted.result(), reply)
+            records = converted.result()
+            if request.oversize:
+                self._judge_oversize(request, records, reply)
+                return
+            self._hand(request, records, reply)
         except Exception as exc:  # noqa: BLE001 - refusals, and bugs (500, logged)
             status, out_headers, answer = self._refused(exc, request.topic)
             self.counters.add_key(_REQUESTS[request.batch][status])
@@ -479,11 +504,43 @@ class Publisher:
                             reason=reasons.TOO_LARGE, count=n)
         request.ts = ts = int(time.time() * 1000)
         headers = request.kafka_headers
+        snapshot = self.kafka_limits.current()
+        if values and snapshot.topics and (limit := snapshot.topics.get(topic)) is not None:
+            self._over_kafka_limit(request, limit, snapshot.compression, values)
         partition_key = request.partition_key
         hash_key = pkey is not None
         if n == 1:
             return [Record(topic, values[0], pkey, partition_key, ts, headers, hash_key)]
         return [Record(topic, v, pkey, partition_key, ts, headers, hash_key) for v in values]
+
+    def _over_kafka_limit(self, request: _Request, limit: Limit, compression: str,
+                          values: list[bytes]) -> None:
+        """Mark the messages over the Kafka topic's limit uncompressed (``request.oversize``)
+        for ``_kafka_verdict``. The longest value first: usually it fits, and so do all."""
+        key_len = len(request.pkey) if request.pkey is not None else None
+        headers = request.kafka_headers
+        if not kafka_limits.may_be_too_large(limit, key_len, max(map(len, values)), headers):
+            return
+        request.oversize = [i for i, v in enumerate(values)
+                            if kafka_limits.may_be_too_large(limit, key_len, len(v), headers)]
+        request.kafka_limit = (limit, compression)
+
+    async def _kafka_verdict(self, request: _Request, values: list[bytes]) -> None:
+        """413 when the Kafka topic can never take one of the ``request.oversize`` messages,
+        even compressed; decided on the sizing thread, off the event loop."""
+        assert request.kafka_limit is not None
+        limit, compression = request.kafka_limit
+        if self._sizing is None:
+            self._sizing = ThreadPoolExecutor(1, thread_name_prefix="http-sizing")
+        found = await asyncio.get_running_loop().run_in_executor(
+            self._sizing, functools.partial(
+                kafka_limits.first_too_large, request.topic, limit, compression,
+                request.pkey, values, request.oversize, request.kafka_headers))
+        if found is not None:
+            i, why = found
+            where = f"message [{i}]: " if request.batch else ""
+            raise HttpError(413, reasons.TOO_LARGE_FOR_TOPIC, where + why,
+                            reason=reasons.TOO_LARGE_FOR_TOPIC, count=len(values))
 
     def _rate_limit(self, request: _Request, n: int) -> None:
         settings = request.settings
@@ -497,9 +554,12 @@ class Publisher:
     def _waits_for_kafka(self, settings: TopicConfig) -> bool:
         return self.track and settings.ack_timeout_ms > 0
 
-    async def _store(self, request: _Request, body: bytes) -> _Outcome:
-        """Convert, store and answer: idempotency, rate limit, commit, wait for Kafka."""
-        records = await self._records_off_loop(request, body)
+    async def _store(self, request: _Request, body: bytes,
+                     records: list[Record] | None = None) -> _Outcome:
+        """Convert, store and answer: idempotency, the Kafka topic's limit, rate limit,
+        commit, wait for Kafka. ``records``: the body converted already."""
+        if records is None:
+            records = await self._records_off_loop(request, body)
         n = len(records)
         topic, batch, settings = request.topic, request.batch, request.settings
         ikey = request.ikey
@@ -514,6 +574,8 @@ class Publisher:
             replay = await self._replay(topic, state_key, fingerprint, settings, batch, n)
             if replay is not None:
                 return (*replay, 0)  # stored before: received (and counted) the first time
+        if request.oversize:
+            await self._kafka_verdict(request, [r.value for r in records])
         self._rate_limit(request, n)
         if state_key is None:
             ids = await self._commit(records)
@@ -759,7 +821,7 @@ class _Request:
     """What ``_check`` learnt from a publish request's path and headers."""
 
     __slots__ = ("topic", "batch", "settings", "limit", "ctype", "pkey", "fpk", "ikey",
-                 "partition_key", "kafka_headers", "ts")
+                 "partition_key", "kafka_headers", "ts", "oversize", "kafka_limit")
 
     def __init__(self, topic: str, batch: bool, settings: TopicConfig) -> None:
         self.topic = topic
@@ -773,6 +835,10 @@ class _Request:
         self.partition_key: int | None = None
         self.kafka_headers: tuple[tuple[str, bytes], ...] = ()
         self.ts = 0
+        # Messages (indices) over the Kafka topic's limit uncompressed, and that limit with
+        # the producer's compression: _kafka_verdict decides them.
+        self.oversize: list[int] = []
+        self.kafka_limit: tuple[Limit, str] | None = None
 
 
 class _Disconnected(Exception):
