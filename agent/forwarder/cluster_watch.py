@@ -24,7 +24,7 @@ class ClusterWatch(LoopState):
             # of the rest of the cluster, which must not be called down for them.
             stranded = c.stranded()
             h.sends(max(0, c.outstanding() - stranded - (self._parked if name == LOCAL else 0)))
-            h.unreachable(c.unreachable_text())
+            h.unreachable(c.unreachable_text(), c.partial())
             h.check()
             for change in h.changes():
                 self._log_change(change)

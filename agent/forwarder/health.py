@@ -94,6 +94,7 @@ class ClusterHealth:
         self.in_sync_shortfall = ""  # insync.describe() of the probe's last diagnosis
         self.brokers_unreachable = ""  # brokers.BrokerWatch.describe(): "" when none
         self._partial = ""  # the reason shown while up with brokers out of reach
+        self._partial_failure = False  # at most half of the brokers out of reach
         self._cause_held = False  # last_error is a specific cause, not answered away since
         self.errors = 0
         self._changes: list[Change] = []
@@ -186,13 +187,18 @@ class ClusterHealth:
             self.in_sync_shortfall = shortfall
             self._decide("")
 
-    def unreachable(self, brokers: str) -> None:
+    def unreachable(self, brokers: str, partial: bool = False) -> None:
         """Brokers out of this agent's reach (brokers.py), in words; "" when none. A cause
-        for a ``down`` reason, and shown while ``up`` (the other brokers answer)."""
-        if brokers == self.brokers_unreachable:
+        for a ``down`` reason, and shown while ``up`` (the other brokers answer).
+
+        ``partial``: at most half of the brokers. The probe asks one broker, maybe the cut
+        one; its failures then say no more than the broker watch already does, and do not
+        make the cluster down (its sends still can, counted without the stranded ones)."""
+        if brokers == self.brokers_unreachable and partial == self._partial_failure:
             return
         with self._lock:
             self.brokers_unreachable = brokers
+            self._partial_failure = partial
             self._decide("")
 
     def check(self) -> None:
@@ -212,8 +218,10 @@ class ClusterHealth:
         # error (with nodes stopped, a connect error to one of them) is not.
         found = self.in_sync_shortfall or self.brokers_unreachable or self.last_error
         cause = f": {found}" if found else ""
-        # An acknowledgement after the probes began failing proves the cluster works.
-        if failing is not None and self._last_ack < failing:
+        # An acknowledgement after the probes began failing proves the cluster works; so does
+        # a partial failure (unreachable()), once the cluster answered.
+        if failing is not None and self._last_ack < failing and not (
+                self._answered and self._partial_failure):
             if not self._answered:
                 return "down", f"no answer to a metadata request ({self._probe_error}){cause}"
             if now - failing >= limit:

@@ -188,3 +188,19 @@ def test_a_broker_out_of_reach_is_the_reason_while_up_and_the_cause_once_down() 
     assert h.state == "up" and h.reason.startswith("broker 2")
     h.unreachable("")
     assert h.state == "up" and h.reason == "answering"
+
+
+def test_a_probe_failing_on_a_broker_out_of_reach_does_not_make_a_partial_failure_down() -> None:
+    """The probe asks one broker; when it is the one out of reach (a partial failure: at
+    most half the brokers), its failures do not make the cluster down. A whole failure
+    does, as before."""
+    h, clock = health()
+    h.probe_answered(3)
+    h.unreachable("broker 2 (127.0.0.1:9002) does not answer this agent, 4 partitions wait",
+                  partial=True)
+    h.probe_failed("Failed while waiting for response from broker: Local: Timed out")
+    clock.now += LIMIT * 3
+    h.check()
+    assert h.state == "up" and h.reason.startswith("broker 2")
+    h.unreachable("broker 1 ...; broker 2 ...", partial=False)
+    assert h.state == "down" and "no answer to metadata requests" in h.reason

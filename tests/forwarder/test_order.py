@@ -119,6 +119,9 @@ class FakeCluster:
     def unreachable_text(self) -> str:
         return ""
 
+    def partial(self) -> bool:
+        return False
+
     def unreachable_brokers(self) -> list[dict[str, object]]:
         return []
 
