@@ -415,11 +415,17 @@ class ExactlyOnce:
             # What was acknowledged before the failure: read before a refusal's abort
             # starts the next transaction's reports.
             sent, acked = self._sent_bytes()
-            if self._abort_refused(p, exc):
+            # Not in time: the flush's deadline, or librdkafka's message.timeout.ms first
+            # (then librdkafka purges the rest of the queue, which _flush takes for a
+            # refusal, and the abort below finds none).
+            late = _timed_out(exc) or any(
+                err is not None and err.code() == KafkaError._MSG_TIMED_OUT
+                for _, err, _ in self._reports)
+            if self._abort_refused(p, exc, late):
                 # Aborted: nothing of it counts. Read again from where it began.
                 self._cursors, self._progress = cursors, progress
                 return True
-            if self._in_transaction and _timed_out(exc):
+            if late:
                 self._give_up_timed_out(sent, acked)
             raise
 
@@ -442,14 +448,15 @@ class ExactlyOnce:
         now = time.monotonic()
         seconds = now - max(self._started, self._committing)
         self._size.timed_out(sent, acked, seconds, now)
-        self._in_transaction = False
-        self.registry.inc("transactions_aborted", reason="timed_out")
+        if self._in_transaction:  # else counted by its abort already
+            self._in_transaction = False
+            self.registry.inc("transactions_aborted", reason="timed_out")
         log.warning("exactly-once: a transaction of %d bytes was not committed within %.0f s "
                     "(%d bytes acknowledged: %.0f bytes/s); the next ones hold up to %s bytes",
                     sent, self.commit_timeout, acked, acked / max(seconds, 1e-3),
                     self._size.budget)
 
-    def _abort_refused(self, p: Producer, exc: BaseException) -> bool:
+    def _abort_refused(self, p: Producer, exc: BaseException, late: bool = False) -> bool:
         """After a failure inside a transaction: if Kafka refused messages of it (their
         batch, or their topic, as an ACL does), abort it (a certain outcome), decide each
         refused message's fate, hold each refused topic back, and go on with a new producer
@@ -479,7 +486,7 @@ class ExactlyOnce:
         if not refused and not denied:
             log.warning("exactly-once: transaction aborted (%s); its reports: %s", exc,
                         dict(errors) or "none failed")
-            self.registry.inc("transactions_aborted", reason="failed")
+            self.registry.inc("transactions_aborted", reason="timed_out" if late else "failed")
             return False  # aborted for something else: reopen and reconcile, as before
         # librdkafka (2.16) leaves a producer whose transaction had a refused send unable
         # to send in the next one: its sequence numbers want an epoch bump it does not make.
