@@ -301,6 +301,11 @@ class ForwarderConfig(_Section):
     # fewer commits (throughput), shorter means read_committed consumers see messages sooner.
     transaction_interval_ms: int = Field(default=100, ge=1, le=60_000)
     transaction_max_messages: int = Field(default=20_000, ge=1)
+    # A transaction not acknowledged and committed within this is given up and sent again;
+    # transactions are sized to take a quarter of it (agent/forwarder/transaction_size.py).
+    # At most 60 s: the transactional producer's transaction.timeout.ms, past which Kafka
+    # aborts an open transaction itself (and librdkafka wants message.timeout.ms below it).
+    transaction_commit_timeout_ms: int = Field(default=30_000, ge=1000, le=60_000)
     # Internal compacted topic holding each agent's progress per exactly-once topic.
     progress_topic: str = "_ferry_progress"
 

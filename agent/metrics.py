@@ -131,7 +131,9 @@ DEFINITIONS: dict[str, MetricDef] = {
                   "Kafka transactions of exactly-once topics committed."),
         MetricDef("transactions_aborted", "counter",
                   "Kafka transactions of exactly-once topics given up (the next producer "
-                  "instance settles them; what landed is found and not sent again).",
+                  "instance settles them; what landed is found and not sent again): "
+                  "refused (Kafka refused a message), timed_out (not committed within "
+                  "transaction_commit_timeout_ms: a quota, a slow cluster), failed.",
                   ("reason",)),
         MetricDef("transaction_seconds", "histogram",
                   "Time from a transaction's first message to its commit."),

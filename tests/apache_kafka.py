@@ -31,7 +31,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -622,6 +622,37 @@ class KafkaCluster:
 
         wait_until(everywhere, timeout=timeout, interval=0.2,
                    message=f"the ACL on {resource} {name} {'gone' if remove else 'in force'}")
+
+    def set_client_quota(self, client_id: str, producer_byte_rate: int | None,
+                         timeout: float = 120.0) -> None:
+        """Give the clients whose ``client.id`` is ``client_id`` a producer quota of
+        ``producer_byte_rate`` bytes a second on each broker (None: remove it). Kafka
+        throttles a client above its quota (it delays its next requests), it refuses
+        nothing. A quota on a client id the test chose leaves every other test's clients
+        alone, should its removal fail.
+
+        Run with Kafka's own ``ConfigCommand`` and the cluster's jars: confluent-kafka 2.16's
+        AdminClient has no client-quota call. It returns once the controller has committed
+        the change; each broker applies it from the metadata log as it reads it."""
+        change = (["--add-config", f"producer_byte_rate={producer_byte_rate}"]
+                  if producer_byte_rate is not None else ["--delete-config", "producer_byte_rate"])
+        running = ",".join(n.bootstrap for n in self.nodes if n.running) or self.bootstrap
+        done = subprocess.run(
+            self._java("kafka.admin.ConfigCommand", "--bootstrap-server", running, "--alter",
+                       *change, "--entity-type", "clients", "--entity-name", client_id),
+            capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0 or "Completed updating config" not in done.stdout:
+            raise RuntimeError(f"quota on client id {client_id!r} not changed:\n"
+                               f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+
+    @contextlib.contextmanager
+    def client_quota(self, client_id: str, producer_byte_rate: int) -> Iterator[None]:
+        """:meth:`set_client_quota` for the ``with`` block, removed however it ends."""
+        self.set_client_quota(client_id, producer_byte_rate)
+        try:
+            yield
+        finally:
+            self.set_client_quota(client_id, None)
 
     def add_partitions(self, name: str, total: int, timeout: float = 30.0) -> None:
         admin = self.admin()

@@ -57,6 +57,7 @@ from agent.forwarder.progress import (
 )
 from agent.forwarder.suspects import Suspects
 from agent.forwarder.topic_limits import ALONE
+from agent.forwarder.transaction_size import TransactionSize, fitting
 from agent.metrics import Registry
 from agent.process.log_limit import LogLimit
 from agent.record_batch import RECORD_OVERHEAD  # a record's weight in a batch, beside its value
@@ -65,7 +66,8 @@ log = logging.getLogger(__name__)
 
 NOTE = "committed in transaction"
 CLUSTER = "local"
-# Kafka calls that wait for the cluster give up after this long (then: reopen, reconcile).
+# Kafka calls that wait for the cluster give up after this long (then: reopen, reconcile);
+# a transaction's own flushes and commit wait forwarder.transaction_commit_timeout_ms.
 CALL_TIMEOUT = 30.0
 RETRY_INITIAL = 0.5
 RETRY_MAX = 10.0
@@ -86,6 +88,15 @@ def _report(sink: list[tuple[bytes, KafkaError | None, Message]], message_id: by
     # The delivery callback of one send, bound to its id by a partial. Runs inside poll()
     # or flush() on this thread: just record; _commit does the work.
     sink.append((message_id, err, msg))
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """True when ``exc`` says a transaction was not acknowledged or committed in time: the
+    flush's deadline, or librdkafka's message.timeout.ms (the same length), whichever came
+    first."""
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return isinstance(err, KafkaError) and err.code() in (KafkaError._TIMED_OUT,
+                                                          KafkaError._MSG_TIMED_OUT)
 
 
 def _refusal(err: KafkaError | None) -> bool:
@@ -157,18 +168,24 @@ class ExactlyOnce:
         self.transactional_id = f"ferry-{self.identity}"
         self.interval = fwd.transaction_interval_ms / 1000.0
         self.max_messages = fwd.transaction_max_messages
+        self.commit_timeout = fwd.transaction_commit_timeout_ms / 1000.0
         self.progress_topic = fwd.progress_topic
         local = config.kafka.local
         self._producer_conf = producer_config(CLUSTER, "all", local, fwd)
         self._producer_conf.update({
-            "client.id": "ferry-local-transactions",
             "transactional.id": self.transactional_id,
             # A transaction of a process that died is settled by the next init_transactions
             # at the latest; this bounds how long it holds read_committed readers back
             # should no successor come.
             "transaction.timeout.ms": 60_000,
-            "message.timeout.ms": int(CALL_TIMEOUT * 1000),
+            # A message not acknowledged by the time its transaction is given up fails with
+            # it, rather than lingering in the queue of a producer about to be dropped.
+            "message.timeout.ms": fwd.transaction_commit_timeout_ms,
         })
+        # A client.id of [kafka.local.properties] names this producer too, as it names the
+        # others: what an operator's quota on that client id counts is all of Ferry's traffic.
+        if "client.id" not in local.properties:
+            self._producer_conf["client.id"] = "ferry-local-transactions"
         self._client_conf = client_config(local.bootstrap_servers, dict(local.properties))
         self._producer: Producer | None = None
         self._progress: dict[str, Progress] = {}
@@ -189,10 +206,14 @@ class ExactlyOnce:
         # Topics held out of the transactions for a while (an ACL, the clocks apart).
         self._held = HeldTopics()
         self._limited = LogLimit(log)
-        # Messages a transaction may hold: transaction_max_messages, halved after one that
-        # could not finish in CALL_TIMEOUT (a quota, a slow cluster), doubled back after each
-        # commit; so a throttled cluster gets transactions it can finish.
-        self._limit = self.max_messages
+        # Bytes a transaction may hold besides transaction_max_messages: sized from the rate
+        # the last one achieved, so a throttled cluster (a quota) gets transactions it can
+        # finish in time (transaction_size.py).
+        self._size = TransactionSize(self.commit_timeout)
+        # When the open transaction began, and when it stopped collecting to be flushed and
+        # committed: what the cluster's pace decides is the time from there.
+        self._started = self._committing = 0.0
+        self._rotation = 0  # which topic reads first: a small budget starves none
         # What the open transaction sent: id -> (topic, stored value), for the verdict on a
         # refused one. Bounded by transaction_max_messages; cleared as each one begins.
         self._sent: dict[bytes, tuple[str, bytes]] = {}
@@ -392,21 +413,53 @@ class ExactlyOnce:
         try:
             return self._transaction_once(p, topics)
         except (KafkaException, Refused) as exc:
-            err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-            if isinstance(err, KafkaError) and err.code() == KafkaError._TIMED_OUT:
-                # Not finished in CALL_TIMEOUT: a throttled (quota) or slow cluster. The
-                # next transactions are smaller, until one finishes in time.
-                self._limit = max(1, self._limit // 2)
-                log.warning("exactly-once: a transaction of up to %d messages did not finish "
-                            "in %.0f s; trying %d", self._limit * 2, CALL_TIMEOUT,
-                            self._limit)
-            if _fenced_detail(exc) or not self._abort_refused(p, exc):
+            if _fenced_detail(exc):
                 raise
-            # Aborted: nothing of it counts. Read again from where it began.
-            self._cursors, self._progress = cursors, progress
-            return True
+            # What was acknowledged before the failure: read before a refusal's abort
+            # starts the next transaction's reports.
+            sent, acked = self._sent_bytes()
+            # Not in time: the flush's deadline, or librdkafka's message.timeout.ms first
+            # (then librdkafka purges the rest of the queue, which _flush takes for a
+            # refusal, and the abort below finds none).
+            late = _timed_out(exc) or any(
+                err is not None and err.code() == KafkaError._MSG_TIMED_OUT
+                for _, err, _ in self._reports)
+            if self._abort_refused(p, exc, late):
+                # Aborted: nothing of it counts. Read again from where it began.
+                self._cursors, self._progress = cursors, progress
+                return True
+            if late:
+                self._give_up_timed_out(sent, acked)
+            raise
 
-    def _abort_refused(self, p: Producer, exc: BaseException) -> bool:
+    def _sent_total(self) -> int:
+        """Bytes the open transaction sent (stored values: what its budget counts)."""
+        return sum(len(v) for _, v in self._sent.values())
+
+    def _sent_bytes(self) -> tuple[int, int]:
+        """Bytes the open transaction sent, and those of them acknowledged so far."""
+        acked = 0
+        for mid, err, _ in self._reports:
+            if err is None and mid in self._sent:
+                acked += len(self._sent[mid][1])
+        return self._sent_total(), acked
+
+    def _give_up_timed_out(self, sent: int, acked: int) -> None:
+        """The open transaction was not acknowledged or committed within the commit timeout
+        (a quota, a slow cluster): the next one is sized from the rate this one achieved.
+        The producer is then dropped and the buffer reconciled, as after any failure."""
+        now = time.monotonic()
+        seconds = now - max(self._started, self._committing)
+        self._size.timed_out(sent, acked, seconds, now)
+        if self._in_transaction:  # else counted by its abort already
+            self._in_transaction = False
+            self.registry.inc("transactions_aborted", reason="timed_out")
+        log.warning("exactly-once: a transaction of %d bytes was not committed within %.0f s "
+                    "(%d bytes acknowledged: %.0f bytes/s); the next ones hold up to %s bytes",
+                    sent, self.commit_timeout, acked, acked / max(seconds, 1e-3),
+                    self._size.budget)
+
+    def _abort_refused(self, p: Producer, exc: BaseException, late: bool = False) -> bool:
         """After a failure inside a transaction: if Kafka refused messages of it (their
         batch, or their topic, as an ACL does), abort it (a certain outcome), decide each
         refused message's fate, hold each refused topic back, and go on with a new producer
@@ -436,7 +489,7 @@ class ExactlyOnce:
         if not refused and not denied:
             log.warning("exactly-once: transaction aborted (%s); its reports: %s", exc,
                         dict(errors) or "none failed")
-            self.registry.inc("transactions_aborted", reason="failed")
+            self.registry.inc("transactions_aborted", reason="timed_out" if late else "failed")
             return False  # aborted for something else: reopen and reconcile, as before
         # librdkafka (2.16) leaves a producer whose transaction had a refused send unable
         # to send in the next one: its sequence numbers want an epoch bump it does not make.
@@ -555,7 +608,7 @@ class ExactlyOnce:
                                                    "id": keys.id_text(m.id), "detail": detail})
 
     def _transaction_once(self, p: Producer, topics: list[str]) -> bool:
-        started = time.monotonic()
+        self._started = started = time.monotonic()
         self._sent.clear()
         self._new_reports()
         self._suspects.begin()
@@ -564,21 +617,34 @@ class ExactlyOnce:
         discards: list[Discard] = []
         outcomes: list[Outcome] = []
         count = 0
+        used = 0  # bytes read into this transaction, counted only under a budget
         begun = False
-        while count < self._limit and not self._stop.is_set():
+        # Each transaction starts with the next topic: under a budget that one topic's
+        # messages could fill alone, every topic still gets its turn.
+        first = self._rotation % len(topics)
+        self._rotation += 1
+        order = topics[first:] + topics[:first]
+        while count < self.max_messages and not self._stop.is_set():
             read_any = False
-            for topic in topics:
+            for n, topic in enumerate(order):
                 if topic in held:
                     continue
                 if self.cluster.layout(topic) is None and not self.cluster.known_missing(topic):
                     continue  # partitions being looked up
-                room = min(READ_BATCH, self._limit - count)
-                if room <= 0:
+                room = min(READ_BATCH, self.max_messages - count)
+                left = self._size.room(used)
+                if room <= 0 or left == 0:
                     break
                 after = self._cursors.get(topic)
                 values = self.store.read_values(topic, after, room)
                 if not values:
                     continue
+                if left is not None:
+                    # An equal share of what the budget has left for each topic this pass
+                    # still reads; what one leaves, the next pass gives to the others.
+                    share = left // (len(order) - n)
+                    values = values[:fitting([len(v) for _, v in values], share)]
+                    used += sum(len(v) for _, v in values)
                 read_any = True
                 # Past everything read: a failure from here drops the producer, and that
                 # clears the cursors (reconciled and read again).
@@ -594,7 +660,7 @@ class ExactlyOnce:
                     count += sent
             if not begun and not discards:
                 return False  # nothing to send
-            if time.monotonic() - started >= self.interval:
+            if time.monotonic() - started >= self.interval or self._size.room(used) == 0:
                 break
             p.poll(0 if read_any else 0.005)
         if discards:
@@ -608,7 +674,8 @@ class ExactlyOnce:
             self._signal_outcomes(delivered, ())
             self._suspects.delivered(batches, delivered)
             self._held.delivered(batches)
-            self._limit = min(self._limit * 2, self.max_messages)
+            now = time.monotonic()
+            self._size.committed(self._sent_total(), now - self._committing, now)
         runs = [b.run for b in batches.values()]
         self.store.remove_many(outcomes, runs)
         if outcomes:
@@ -770,8 +837,8 @@ class ExactlyOnce:
     def _flush(self, p: Producer) -> int:
         """``p.flush``, in short steps that look for a refusal: after one, the transaction
         is abortable and its queued messages never go, so a plain flush would wait the whole
-        CALL_TIMEOUT for them. ``Refused`` at once instead; else the messages left."""
-        deadline = time.monotonic() + CALL_TIMEOUT
+        commit timeout for them. ``Refused`` at once instead; else the messages left."""
+        deadline = time.monotonic() + self.commit_timeout
         while True:
             left = p.flush(min(0.1, max(deadline - time.monotonic(), 0.0)))
             if self._refused_yet():
@@ -803,6 +870,7 @@ class ExactlyOnce:
             self._signal(delivered, discarded)
 
     def _commit(self, p: Producer, batches: dict[str, _Batch], started: float) -> None:
+        self._committing = time.monotonic()
         left = self._flush(p)
         if left:
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT,
@@ -836,7 +904,7 @@ class ExactlyOnce:
                 b.last_id, b.written)
             p.produce(self.progress_topic, self._progress[topic].encode(),
                       progress_key(self.identity, topic))
-        p.commit_transaction(CALL_TIMEOUT)
+        p.commit_transaction(self.commit_timeout)
         self.registry.inc("transactions_committed")
         self.registry.observe("transaction_seconds", time.monotonic() - started)
         for topic in batches:
