@@ -95,6 +95,7 @@ class Forwarder(Reading, Routing, Sending, Reports, Retries, StuckTopics, Leavin
         self._present = set()  # topics with buffered messages, as last scanned
         self._next_gauges = 0.0
         self._parked = 0  # local sends of topics the local cluster says do not exist
+        self._retrying = 0  # messages the local cluster failed, waiting for a retry to it
         self._next_parked = 0.0
         self._replaced = {}
         self._delete_trouble = Trouble("removing messages from the buffer", registry,

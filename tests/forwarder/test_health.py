@@ -82,6 +82,31 @@ def test_outstanding_sends_unanswered_for_the_limit_mean_down() -> None:
     assert h.state == "up"
 
 
+def test_sends_retried_and_never_acknowledged_mean_down_while_probes_answer() -> None:
+    """The KRaft quorum lost: a surviving broker answers every probe, but no acks=all write
+    completes. Sends time out (here every 3 s, a message timeout shorter than the limit)
+    and wait a second for their retry: the clock runs across the retries, so the cluster is
+    down once nothing was acknowledged for the limit, and stays down while they go round."""
+    h, clock = health()
+    h.probe_answered(3)
+    for _ in range(3):  # 3 rounds of 3 s in flight and 1 s waiting for the retry: 12 s
+        h.sends(5)
+        clock.now += 3.0
+        h.probe_answered(3)
+        h.check()
+        h.sends(0, retrying=5)  # timed out: back in the forwarder, waiting for the retry
+        clock.now += 1.0
+        h.probe_answered(3)
+        h.check()
+    assert h.state == "down"
+    assert h.reason.startswith("5 messages sent, none acknowledged for 12 s"), h.reason
+    assert [(c.old, c.new) for c in h.changes()] == [("unknown", "up"), ("up", "down")]
+    # Nothing left to send (delivered elsewhere, or discarded by the TTL) while the probes
+    # answer: up again; with messages still waiting, only an acknowledgement would do.
+    h.sends(0, retrying=0)
+    assert h.state == "up"
+
+
 def test_acknowledgements_keep_a_busy_cluster_up() -> None:
     h, clock = health()
     h.probe_answered(1)
