@@ -39,6 +39,11 @@ from typing import Literal
 
 State = Literal["unknown", "up", "down"]
 
+# Nothing outstanding counts once it lasted this long: between a failed send and its place in
+# the forwarder's retry queue (the reports served, the retries counted every 0.1 s) a message
+# is briefly in neither count, and that gap is no delivery.
+SETTLE_SECONDS = 1.0
+
 
 @dataclass(frozen=True, slots=True)
 class Change:
@@ -91,6 +96,7 @@ class ClusterHealth:
         self._last_probe_time: float | None = None
         self._last_probe_ok: bool | None = None
         self._busy_since: float | None = None  # sends outstanding since (None: none)
+        self._settling_since: float | None = None  # nothing outstanding since (busy still)
         self._last_ack = float("-inf")
         self._last_answer = float("-inf")  # a send refused by the cluster's own verdict
         self._outstanding = 0
@@ -171,15 +177,22 @@ class ClusterHealth:
         were it not counted, every retry's back-off (or a message timeout shorter than
         ``outage_after_seconds``) would restart the clock, and a cluster that acknowledges
         nothing would read ``up`` whenever its probes answer."""
+        total = outstanding + retrying
         if (outstanding == self._outstanding and retrying == self._retrying
-                and (outstanding + retrying == 0 or self.state == "down")):
+                and (self._busy_since is None if total == 0 else self.state == "down")):
             return  # nothing new to judge: the common idle and busy-down cases, lock-free
         with self._lock:
             now = self._clock()
-            if outstanding + retrying == 0:
-                self._busy_since = None
-            elif self._busy_since is None:
-                self._busy_since = now
+            if total == 0:
+                # Idle again only once it lasts (SETTLE_SECONDS).
+                if self._settling_since is None:
+                    self._settling_since = now
+                if now - self._settling_since >= SETTLE_SECONDS:
+                    self._busy_since = self._settling_since = None
+            else:
+                self._settling_since = None
+                if self._busy_since is None:
+                    self._busy_since = now
             self._outstanding = outstanding
             self._retrying = retrying
             self._decide("")
