@@ -53,15 +53,15 @@ def probe_config(name: str, cluster: KafkaClusterConfig, logger: logging.Logger 
         "client.id": f"ferry-{name}-probe",
         "reconnect.backoff.max.ms": 2000,
         "socket.keepalive.enable": True,
-        # The probe's Metadata request (and the in-sync diagnosis's) must never create a
-        # topic: only the producers, sending, may (where the cluster allows it).
-        "allow.auto.create.topics": False,
     }
     if logger is not None:
         conf["logger"] = logger
     # TLS, SASL and the like apply to the probe as to the producers. (An admin client is a
     # producer-type handle in librdkafka, so producer settings there are accepted too.)
     conf.update(cluster.properties)
+    # After the cluster's properties: the probe's Metadata request (and the in-sync
+    # diagnosis's) must never create a topic, whatever the producers may do.
+    conf["allow.auto.create.topics"] = False
     conf["error_cb"] = on_error
     return conf
 
