@@ -17,13 +17,17 @@ class ClusterWatch(LoopState):
         """Feed each cluster's state (health.py) with its outstanding sends; log changes."""
         if now >= self._next_parked:
             self._parked = self._parked_sends()
+            self._retrying = self._retrying_sends()
             self._next_parked = now + 0.1  # a scan of the topics: not at every step
         for name, c in self.clusters.items():
             h = c.health
             # Sends to a broker out of reach wait for it alone (brokers.py): they say nothing
             # of the rest of the cluster, which must not be called down for them.
             stranded = c.stranded()
-            h.sends(max(0, c.outstanding() - stranded - (self._parked if name == LOCAL else 0)))
+            if name == LOCAL:
+                h.sends(max(0, c.outstanding() - stranded - self._parked), self._retrying)
+            else:
+                h.sends(max(0, c.outstanding() - stranded))
             h.unreachable(c.unreachable_text(), c.partial())
             h.check()
             for change in h.changes():
@@ -45,6 +49,25 @@ class ClusterWatch(LoopState):
                     remote and self.topic_settings(topic).fallback_to_remote):
                 parked += st.sending
         return parked
+
+    def _retrying_sends(self) -> int:
+        """Messages the local cluster failed that wait for a retry to it: unacknowledged as
+        much as those in flight (health.py, ``sends``). Left out: fallback topics (a retry
+        may go to either cluster), topics the cluster says do not exist (as parked sends),
+        and topics stuck on an error only an operator can fix (an ACL: the cluster answers,
+        and the topic's own CRITICAL names the cause)."""
+        local = self.clusters[LOCAL]
+        remote = REMOTE in self.clusters
+        retrying = 0
+        for topic, st in self._topics.items():
+            if not st.retry or (st.stuck is not None and st.stuck.operator):
+                continue
+            if remote and self.topic_settings(topic).fallback_to_remote:
+                continue
+            if local.known_missing(topic):
+                continue
+            retrying += len(st.retry)
+        return retrying
 
     def _log_change(self, change: Change) -> None:
         if change.new == "down":

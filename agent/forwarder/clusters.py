@@ -419,7 +419,10 @@ class Cluster:
         probe = self._probe
         with self._lock:
             self._described.update(topics)  # asked, whatever the answer: sends may go on
-        if probe is None or not topics:
+        if probe is None or not topics or not probe.controller_accepts():
+            # Without a controller that takes connections the request would only make
+            # librdkafka reconnect to it without back-off until its timeout (probe.py): the
+            # limits are asked for again in LIMITS_RETRY, and the defaults apply meanwhile.
             return
         learnt = describe(probe.admin, topics, METADATA_TIMEOUT)
         for topic, new in learnt.items():

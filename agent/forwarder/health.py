@@ -4,16 +4,20 @@ Two witnesses decide it, never the mere absence of traffic:
 
 - **probes**: a metadata request every ``probe_interval_seconds`` (agent/forwarder/probe.py),
   sent whether or not there is anything to deliver;
-- **sends**: messages handed to the cluster and not answered yet.
+- **sends**: messages handed to the cluster and not answered yet, and messages it failed
+  that wait to be sent to it again (a retry's back-off, a send withdrawn to keep per-key
+  order): both are "sent, none acknowledged" until one is.
 
 The rules (docs/design.md, "Cluster state"):
 
 - ``unknown`` only until the first probe answers or fails;
 - a cluster that never answered is ``down`` as soon as a probe fails; one that answered is
   ``down`` once probes have failed for ``outage_after_seconds`` since the first failure;
-- ``down`` too while sends are outstanding and nothing was acknowledged for
-  ``outage_after_seconds`` since they became outstanding (or since the last acknowledgement,
-  whichever is later). An idle cluster has nothing outstanding, so idleness never counts;
+- ``down`` too while sends are outstanding (in the producers, or waiting for a retry) and
+  nothing was acknowledged for ``outage_after_seconds`` since they became outstanding (or
+  since the last acknowledgement, whichever is later), even while every probe answers: with
+  the KRaft quorum lost a surviving broker answers metadata requests, but no acks=all write
+  completes. An idle cluster has nothing outstanding, so idleness never counts;
 - otherwise ``up``.
 
 While sends go unanswered for ``outage_after_seconds``, the probe asks the cluster whether
@@ -34,6 +38,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 State = Literal["unknown", "up", "down"]
+
+# Nothing outstanding counts once it lasted this long: between a failed send and its place in
+# the forwarder's retry queue (the reports served, the retries counted every 0.1 s) a message
+# is briefly in neither count, and that gap is no delivery.
+SETTLE_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +96,11 @@ class ClusterHealth:
         self._last_probe_time: float | None = None
         self._last_probe_ok: bool | None = None
         self._busy_since: float | None = None  # sends outstanding since (None: none)
+        self._settling_since: float | None = None  # nothing outstanding since (busy still)
         self._last_ack = float("-inf")
         self._last_answer = float("-inf")  # a send refused by the cluster's own verdict
         self._outstanding = 0
+        self._retrying = 0  # failed here, waiting to be sent again (counted as unanswered)
         self.last_error = ""  # the client's last error report (e.g. a connect error)
         self.in_sync_shortfall = ""  # insync.describe() of the probe's last diagnosis
         self.brokers_unreachable = ""  # brokers.BrokerWatch.describe(): "" when none
@@ -161,17 +172,32 @@ class ClusterHealth:
             if self.state == "down" and self._busy_since is not None:
                 self._decide("answered a send (with an error about the message)")
 
-    def sends(self, outstanding: int) -> None:
-        """How many sends the cluster holds unanswered now (called every forwarder step)."""
-        if outstanding == self._outstanding and (outstanding == 0 or self.state == "down"):
+    def sends(self, outstanding: int, retrying: int = 0) -> None:
+        """How many sends the cluster holds unanswered now, and how many messages it failed
+        wait for a retry to it (called every forwarder step).
+
+        A message between a failed send and its retry is as unacknowledged as one in flight:
+        were it not counted, every retry's back-off (or a message timeout shorter than
+        ``outage_after_seconds``) would restart the clock, and a cluster that acknowledges
+        nothing would read ``up`` whenever its probes answer."""
+        total = outstanding + retrying
+        if (outstanding == self._outstanding and retrying == self._retrying
+                and (self._busy_since is None if total == 0 else self.state == "down")):
             return  # nothing new to judge: the common idle and busy-down cases, lock-free
         with self._lock:
             now = self._clock()
-            if outstanding == 0:
-                self._busy_since = None
-            elif self._busy_since is None:
-                self._busy_since = now
+            if total == 0:
+                # Idle again only once it lasts (SETTLE_SECONDS).
+                if self._settling_since is None:
+                    self._settling_since = now
+                if now - self._settling_since >= SETTLE_SECONDS:
+                    self._busy_since = self._settling_since = None
+            else:
+                self._settling_since = None
+                if self._busy_since is None:
+                    self._busy_since = now
             self._outstanding = outstanding
+            self._retrying = retrying
             self._decide("")
 
     def stalled(self) -> bool:
@@ -231,7 +257,8 @@ class ClusterHealth:
         if busy is not None:
             quiet = now - max(busy, self._last_ack, self._last_answer)
             if quiet >= limit:
-                return "down", (f"{self._outstanding} messages sent, none acknowledged for "
+                waiting = self._outstanding + self._retrying
+                return "down", (f"{waiting} messages sent, none acknowledged for "
                                 f"{quiet:.0f} s{cause}")
         if self._answered or self._last_ack > float("-inf"):
             return "up", self.brokers_unreachable

@@ -108,16 +108,23 @@ def min_insync(admin: AdminClient, topics: Iterable[str], timeout: float) -> dic
     return out
 
 
-def diagnose(admin: AdminClient, topics: Sequence[str], timeout: float) -> str:
+def diagnose(admin: AdminClient, topics: Sequence[str], timeout: float,
+             configs: bool = True) -> str:
     """Ask the cluster which partitions of ``topics`` (Ferry's, at most MAX_TOPICS) are below
     min.insync.replicas; the cause as text, or "" when none is (or the cluster does not
     answer: then the probe's verdict says so). Other teams' topics on a shared cluster are
-    not Ferry's business, nor named."""
+    not Ferry's business, nor named.
+
+    ``configs`` False: the topics' min.insync.replicas are not asked for (DescribeConfigs
+    goes to the controller, which does not take connections now: probe.py says why that
+    costs a core): nothing is named then."""
     try:
         metadata: dict[str, Any] = {}
         for topic in topics[:MAX_TOPICS]:
             metadata.update(admin.list_topics(topic, timeout=timeout).topics)
         in_sync = under_replicated({t: m for t, m in metadata.items() if t in topics})
+        if not in_sync or not configs:
+            return ""
         return describe(shortfalls(in_sync, min_insync(admin, in_sync, timeout)))
     except (KafkaException, TimeoutError, ValueError) as exc:
         log.debug("in-sync replica diagnosis failed: %s", exc)

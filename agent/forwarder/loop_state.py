@@ -75,6 +75,7 @@ class LoopState(ABC):
     _present: set[str]  # topics with buffered messages, as last scanned
     _next_gauges: float
     _parked: int  # local sends of topics the local cluster says do not exist
+    _retrying: int  # messages the local cluster failed, waiting for a retry to it
     _next_parked: float
     _replaced: dict[tuple[str, str], float]
     _delete_trouble: Trouble

@@ -1,16 +1,29 @@
 """The probe: asks a cluster for its metadata every ``probe_interval_seconds``, whether or not
 there is anything to send, and tells the cluster's ``ClusterHealth`` how that went.
 
-The request is DescribeCluster (brokers and controller, no topics): cheap on a cluster of any
-size, unlike a full metadata refresh. It goes through its own admin client, so a producer's
-queue or a stuck topic lookup never delays the verdict. The admin client's error callback
-supplies the cause a person wants to read ("Connect to ipv4#127.0.0.1:9092 failed:
-Connection refused"); the request itself only says it timed out.
+The request is a Metadata request naming one topic (``PROBE_TOPIC``, never created: the
+probe's client does not ask for auto-creation), answered by any broker that is up: cheap on a
+cluster of any size. It goes through its own admin client, so a producer's queue or a stuck
+topic lookup never delays the verdict. The admin client's error callback supplies the cause a
+person wants to read ("Connect to ipv4#127.0.0.1:9092 failed: Connection refused"); the
+request itself only says it timed out.
+
+Not DescribeCluster, nor any other admin request while the controller is gone: librdkafka
+sends those to the controller the metadata names and, while that one refuses connections,
+reconnects to it with no back-off at all (every failed connect wakes the request, which asks
+for a connection at once: ``rd_kafka_admin_common_get_controller``), some 5,000 connects and
+0.6 of a core per second of the request's timeout. With the KRaft quorum lost the survivors
+go on naming a dead node, so every probe did that for its whole period. A Metadata request
+waits for any broker with the client's reconnect back-off. The probe remembers which broker
+the answer names as the controller, and ``controller_accepts`` tells the occasional admin
+requests (a topic's limits, the in-sync diagnosis) whether it takes a connection now: when
+it does not, they are not sent (docs/design.md, "Waiting costs little").
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +38,14 @@ from agent.forwarder.health import ClusterHealth
 
 log = logging.getLogger(__name__)
 
+# The topic the probe's Metadata request names. Any broker answers for it (UNKNOWN_TOPIC_OR_PART
+# is an answer), and the probe's client never asks for it to be created.
+PROBE_TOPIC = "ferry-probe"
+# How long the controller check waits for a TCP connection: a refusal is immediate, and a
+# controller that takes longer than this to accept would not answer a request in time either.
+CONTROLLER_CONNECT_TIMEOUT = 0.5
+
+
 def probe_config(name: str, cluster: KafkaClusterConfig, logger: logging.Logger | None,
                  on_error: Any) -> dict[str, Any]:
     conf: dict[str, Any] = {
@@ -38,6 +59,9 @@ def probe_config(name: str, cluster: KafkaClusterConfig, logger: logging.Logger 
     # TLS, SASL and the like apply to the probe as to the producers. (An admin client is a
     # producer-type handle in librdkafka, so producer settings there are accepted too.)
     conf.update(cluster.properties)
+    # After the cluster's properties: the probe's Metadata request (and the in-sync
+    # diagnosis's) must never create a topic, whatever the producers may do.
+    conf["allow.auto.create.topics"] = False
     conf["error_cb"] = on_error
     return conf
 
@@ -56,6 +80,10 @@ class Probe:
         self.timeout = max(self.interval, 0.5)
         self.health = health
         self._admin = AdminClient(probe_config(name, cluster, logger, self._error))
+        # (host, port) of the broker the last metadata answer named as the controller; None
+        # before the first answer, or when the answer named none.
+        self._controller: tuple[str, int] | None = None
+        self._controller_known = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"probe-{name}", daemon=True)
 
@@ -84,7 +112,7 @@ class Probe:
         # errors met since the last probe, so a failure below comes with its cause.
         self._admin.poll(0)
         try:
-            desc = self._admin.describe_cluster(request_timeout=self.timeout).result()
+            md = self._admin.list_topics(PROBE_TOPIC, timeout=self.timeout)
         except KafkaException as exc:
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
             self._admin.poll(0)
@@ -93,12 +121,35 @@ class Probe:
             log.exception("probing cluster %s failed", self.name)
             self.health.probe_failed(f"{type(exc).__name__}: {exc}")
         else:
-            self.health.probe_answered(len(desc.nodes))
+            controller = md.brokers.get(md.controller_id)
+            self._controller = (None if controller is None
+                                else (str(controller.host), int(controller.port)))
+            self._controller_known = True
+            self.health.probe_answered(len(md.brokers))
         if self.health.stalled() and self.topics is not None:
             # Sends unanswered: ask why (agent/forwarder/insync.py). Whether or not the probe
             # answered: with two of three KRaft nodes stopped, the survivor still serves
-            # metadata, but DescribeCluster may wait for a controller that is gone.
-            self.health.diagnosed(insync.diagnose(self._admin, self.topics(), self.timeout))
+            # metadata. Its min.insync.replicas question goes to the controller: only when
+            # that one takes a connection (see the module's docstring).
+            self.health.diagnosed(insync.diagnose(self._admin, self.topics(), self.timeout,
+                                                  configs=self.controller_accepts()))
+
+    def controller_accepts(self) -> bool:
+        """Whether the broker the last metadata answer named as the controller accepts a TCP
+        connection now: where librdkafka sends an admin request (DescribeConfigs and the
+        like), and reconnects without back-off while it refuses (see the module's
+        docstring). True before any answer (nothing known to hold the request back); False
+        when the answer named no controller (no admin request could be served)."""
+        if not self._controller_known:
+            return True
+        address = self._controller
+        if address is None:
+            return False
+        try:
+            with socket.create_connection(address, timeout=CONTROLLER_CONNECT_TIMEOUT):
+                return True
+        except OSError:
+            return False
 
     def _run(self) -> None:
         while not self._stop.is_set():

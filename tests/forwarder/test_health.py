@@ -4,7 +4,7 @@ probe, one that answered only after outage_after_seconds of failures or of unans
 
 from __future__ import annotations
 
-from agent.forwarder.health import ClusterHealth
+from agent.forwarder.health import SETTLE_SECONDS, ClusterHealth
 
 LIMIT = 10.0
 
@@ -79,6 +79,39 @@ def test_outstanding_sends_unanswered_for_the_limit_mean_down() -> None:
     assert h.state == "down"
     # ... an acknowledgement does.
     h.acknowledged()
+    assert h.state == "up"
+
+
+def test_sends_retried_and_never_acknowledged_mean_down_while_probes_answer() -> None:
+    """The KRaft quorum lost: a surviving broker answers every probe, but no acks=all write
+    completes. Sends time out (here every 3 s, a message timeout shorter than the limit)
+    and wait a second for their retry: the clock runs across the retries, so the cluster is
+    down once nothing was acknowledged for the limit, and stays down while they go round."""
+    h, clock = health()
+    h.probe_answered(3)
+    for _ in range(3):  # 3 rounds of 3 s in flight and 1 s waiting for the retry: 12 s
+        h.sends(5)
+        clock.now += 3.0
+        h.probe_answered(3)
+        h.check()
+        h.sends(0, retrying=5)  # timed out: back in the forwarder, waiting for the retry
+        clock.now += 1.0
+        h.probe_answered(3)
+        h.check()
+    assert h.state == "down"
+    assert h.reason.startswith("5 messages sent, none acknowledged for 12 s"), h.reason
+    assert [(c.old, c.new) for c in h.changes()] == [("unknown", "up"), ("up", "down")]
+    # Nothing in either count for a moment (a report not served yet) is no delivery...
+    h.sends(0, retrying=0)
+    clock.now += SETTLE_SECONDS / 2
+    h.sends(0, retrying=0)
+    h.sends(0, retrying=5)
+    assert h.state == "down"
+    # ... nothing left to send for good (delivered elsewhere, or discarded by the TTL) while
+    # the probes answer is: up again.
+    h.sends(0, retrying=0)
+    clock.now += SETTLE_SECONDS
+    h.sends(0, retrying=0)
     assert h.state == "up"
 
 

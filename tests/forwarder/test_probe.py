@@ -12,9 +12,13 @@ from tests.kafka import Broker, free_port
 def test_a_broker_that_answers_is_up(broker: Broker) -> None:
     health = ClusterHealth("local", 10.0)
     probe = Probe("local", KafkaClusterConfig(bootstrap_servers=broker.bootstrap), health)
+    assert probe.controller_accepts()  # nothing known yet: admin requests are not held back
     probe.probe_once()
     assert health.state == "up"
     assert health.reason == "answered a metadata request (1 brokers)"
+    # The answer named the broker itself as the controller, and it takes connections: the
+    # occasional admin requests (a topic's limits) go ahead.
+    assert probe.controller_accepts()
 
 
 def test_a_closed_port_is_down_with_the_connect_error() -> None:

@@ -1,0 +1,215 @@
+"""The controller quorum killed: two of three Apache Kafka nodes SIGKILLed under a trickle of
+datagrams, on the pinned Kafka and on the newest release, each on a cluster of its own.
+
+With two of three KRaft voters gone the quorum is lost with them: the survivor still answers
+metadata requests (so every probe of the agent answers), but no controller shrinks the ISR or
+moves a leader, and no ``acks = "all"`` write completes. What the agent must do meanwhile:
+
+- tell the truth: its cluster ``down`` and ``/status/all`` health CRITICAL, naming "sent,
+  none acknowledged", within ``outage_after_seconds`` plus a probe period of the first
+  unacknowledged send, although the probes answer. The message timeout is shorter than
+  ``outage_after_seconds`` here, so the sends time out and are retried while the clock runs;
+- wait cheaply: no client reconnecting without back-off (a regression guard on the agent's
+  CPU while it waits, generous for a loaded host; bench/bench_waiting_cost.py measures it);
+- keep everything, and deliver all of it once the nodes are back: counted at a consumer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ferry_client import FerryClient
+from tests.agent_harness import AgentProcess, write_config
+from tests.apache_kafka import KafkaCluster, kafka_version, newest_kafka_version
+from tests.kafka import read_topic
+from tests.waiting import wait_until
+
+PARTITIONS = 3
+OUTAGE_AFTER = 5.0
+PROBE_INTERVAL = 2.0  # the default
+# librdkafka gives up on a send after this and Ferry retries it: shorter than OUTAGE_AFTER, so
+# the verdict must hold across retries (a retry's wait is no acknowledgement).
+MESSAGE_TIMEOUT_MS = 3000
+RATE = 100.0  # datagrams/s of the trickle
+TRICKLE_SECONDS = 20.0  # its bound; it is stopped once health has turned
+WINDOW = 6.0  # seconds of measuring the agent's CPU while it waits with no input
+# The agent waiting out the outage measured 0.03-0.05 of a core (bench/results/log.md); a
+# client reconnecting to a dead controller without back-off took 0.3-0.8. Generous for a
+# loaded 2-core host, and still well below a spinning client.
+CPU_BOUND = 0.2
+# Beyond OUTAGE_AFTER + one probe period: the forwarder's gauges (0.5 s), the status
+# documents' refresh and a loaded host's scheduling.
+VERDICT_SLACK = 5.0
+
+
+@pytest.fixture(params=[kafka_version(), newest_kafka_version()])
+def own_kafka(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KafkaCluster]:
+    """Three nodes of one Kafka version for this test alone: it kills two of them -9."""
+    with KafkaCluster(tmp_path / "kafka", version=request.param) as cluster:
+        yield cluster
+
+
+class Trickle:
+    """Numbered keyed datagrams at RATE a second to one topic, in a thread, until stopped or
+    TRICKLE_SECONDS have passed. ``sent`` counts what the kernel queued on the socket."""
+
+    def __init__(self, socket_path: Path, topic: str, first: int) -> None:
+        self.socket_path, self.topic = socket_path, topic
+        self.first = self.sent = first
+        self.started_at = 0.0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Trickle:
+        self.started_at = time.monotonic()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            with FerryClient(self.socket_path, timeout=30.0) as client:
+                while (not self._stop.is_set()
+                       and time.monotonic() - self.started_at < TRICKLE_SECONDS):
+                    seq = self.sent
+                    client.send(self.topic, b"%06d" % seq, key=b"k%02d" % (seq % 12),
+                                partition_key=seq % 12)
+                    self.sent = seq + 1
+                    # Pacing (a rate, not a wait for anything).
+                    ahead = (self.started_at + (self.sent - self.first) / RATE
+                             - time.monotonic())
+                    if ahead > 0:
+                        time.sleep(ahead)
+        except BaseException as exc:  # noqa: BLE001 - raised by stop() in the test
+            self.error = exc
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(TRICKLE_SECONDS + 30)
+        assert not self._thread.is_alive(), "trickle did not end"
+        if self.error is not None:
+            raise AssertionError(f"trickle failed after {self.sent}") from self.error
+        return self.sent
+
+
+def group_cpu_seconds(agent: AgentProcess) -> float:
+    """CPU time (user + system) of every process of the agent's process group so far."""
+    assert agent.proc is not None
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited meanwhile
+        if int(fields[2]) == agent.proc.pid:  # pgrp: the agent runs in its own session
+            total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def health(agent: AgentProcess) -> dict[str, Any]:
+    doc: dict[str, Any] = agent.get_json("/status/all")["health"]
+    return doc
+
+
+def cluster_row(agent: AgentProcess) -> dict[str, Any]:
+    rows = agent.get_json("/status/clusters")["clusters"]
+    row: dict[str, Any] = next(r for r in rows if r["name"] == "local")
+    return row
+
+
+def topic_row(agent: AgentProcess, topic: str) -> dict[str, Any]:
+    rows = agent.get_json("/status/topics")["topics"]
+    row: dict[str, Any] = next(r for r in rows if r["topic"] == topic)
+    return row
+
+
+def critical_unacknowledged(agent: AgentProcess) -> str:
+    """The health problem naming unacknowledged sends, once health is CRITICAL ("" before)."""
+    doc = health(agent)
+    if doc["status"] != "critical":
+        return ""
+    return next((p["message"] for p in doc["problems"]
+                 if p["level"] == "critical" and "sent, none acknowledged" in p["message"]),
+                "")
+
+
+def test_quorum_killed_critical_named_cheap_wait_nothing_lost(
+    own_kafka: KafkaCluster, unique_topic: str, tmp_path: Path
+) -> None:
+    cluster, topic = own_kafka, unique_topic
+    cluster.create_topic(topic, PARTITIONS)
+    config = write_config(tmp_path / "agent", cluster.bootstrap,
+                          topics={topic: {"acks": "all"}},
+                          forwarder={"message_timeout_ms": MESSAGE_TIMEOUT_MS},
+                          outage_after_seconds=OUTAGE_AFTER)
+    warm = 30
+    with AgentProcess(config) as agent:
+        with FerryClient(agent.socket_path) as client:
+            for seq in range(warm):
+                client.send(topic, b"%06d" % seq, key=b"k%02d" % (seq % 12),
+                            partition_key=seq % 12)
+        wait_until(lambda: topic_row(agent, topic)["delivered"] == warm, timeout=60,
+                   message="warm-up delivered")
+
+        survivor = cluster.leader(topic, 0)
+        killed = [n.node_id for n in cluster.nodes if n.node_id != survivor]
+        for node_id in killed:
+            cluster.kill(node_id)
+        trickle = Trickle(agent.socket_path, topic, warm).start()
+        limit = OUTAGE_AFTER + PROBE_INTERVAL + VERDICT_SLACK
+        problem = wait_until(lambda: critical_unacknowledged(agent), timeout=limit,
+                             interval=0.2, message="health CRITICAL naming unacknowledged sends")
+        critical_s = time.monotonic() - trickle.started_at
+        row = cluster_row(agent)
+        sent = trickle.stop()
+
+        # Waiting, with no input: what it costs. WINDOW is a measuring period.
+        cpu0, t0 = group_cpu_seconds(agent), time.monotonic()
+        time.sleep(WINDOW)
+        cpu_share = (group_cpu_seconds(agent) - cpu0) / (time.monotonic() - t0)
+        still = critical_unacknowledged(agent)
+        waiting = topic_row(agent, topic)
+        buffered = agent.buffered().get(topic, 0)
+
+        back_at = time.monotonic()
+        for node_id in killed:
+            cluster.start_node(node_id, wait=False)
+        wait_until(lambda: (r := topic_row(agent, topic))["delivered"] == sent
+                   and r["discarded"] == 0 and sum(agent.buffered().values()) == 0,
+                   timeout=180, interval=0.2,
+                   message="everything delivered once the nodes are back")
+        drained_s = time.monotonic() - back_at
+        after = cluster_row(agent)
+        wait_until(lambda: health(agent)["status"] != "critical", timeout=30,
+                   message="health no longer CRITICAL once delivered")
+    values = [int(m.value) for m in read_topic(cluster.bootstrap, topic, 60)
+              if m.value is not None]
+    lost = sorted(set(range(sent)) - set(values))
+    figures = {"kafka": cluster.version, "killed": killed, "sent": sent,
+               "critical_after_first_send_s": round(critical_s, 1), "problem": problem,
+               "cluster": [row["state"], row["reason"]],
+               "cpu_share_waiting": round(cpu_share, 3), "buffered_waiting": buffered,
+               "drained_after_restart_s": round(drained_s, 1), "lost": len(lost),
+               "duplicated": len(values) - len(set(values))}
+    print(f"\nFIGURES quorum_killed {json.dumps(figures, sort_keys=True)}")
+
+    # The truth: the probes answer (the survivor serves metadata), so the verdict is the
+    # sends', and it held across the retries of the window.
+    assert row["state"] == "down" and "sent, none acknowledged" in row["reason"], figures
+    assert "no answer to metadata" not in row["reason"], figures
+    assert still, figures
+    # Kept: nothing delivered or discarded while the quorum was gone.
+    assert (waiting["delivered"], waiting["discarded"]) == (warm, 0), waiting
+    assert buffered == sent - warm, figures
+    # Waiting costs little: no client spinning on reconnects.
+    assert cpu_share < CPU_BOUND, figures
+    assert after["state"] == "up", after
+    assert lost == [], figures
