@@ -7,6 +7,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
+from agent.forwarder import failures
 from agent.forwarder.flight import LOCAL, REMOTE
 from agent.forwarder.health import Change
 from agent.forwarder.loop_state import LoopState, log
@@ -15,10 +16,13 @@ from agent.forwarder.loop_state import LoopState, log
 class ClusterWatch(LoopState):
     def _check_health(self, now: float) -> None:
         """Feed each cluster's state (health.py) with its outstanding sends; log changes."""
-        if now >= self._next_parked:
+        if now >= self._next_parked or self.clusters[LOCAL].outstanding():
+            # Every step while anything is in flight: counted a step late, a send of a
+            # missing topic or a message on its way to a retry read as unanswered, and the
+            # cluster as down (a walk of the topics, as every step's reading already is).
             self._parked = self._parked_sends()
             self._retrying = self._retrying_sends()
-            self._next_parked = now + 0.1  # a scan of the topics: not at every step
+            self._next_parked = now + 0.1
         for name, c in self.clusters.items():
             h = c.health
             # Sends to a broker out of reach wait for it alone (brokers.py): they say nothing
@@ -53,7 +57,8 @@ class ClusterWatch(LoopState):
     def _retrying_sends(self) -> int:
         """Messages the local cluster failed that wait for a retry to it: unacknowledged as
         much as those in flight (health.py, ``sends``). Left out: fallback topics (a retry
-        may go to either cluster), topics the cluster says do not exist (as parked sends),
+        may go to either cluster), topics the cluster says do not exist (as parked sends)
+        or whose last failure was the cluster's answer (failures.answered),
         and topics stuck on an error only an operator can fix (an ACL: the cluster answers,
         and the topic's own CRITICAL names the cause)."""
         local = self.clusters[LOCAL]
@@ -62,6 +67,9 @@ class ClusterWatch(LoopState):
         for topic, st in self._topics.items():
             if not st.retry or (st.stuck is not None and st.stuck.operator):
                 continue
+            code = getattr(KafkaError, st.stuck.error, None) if st.stuck is not None else None
+            if isinstance(code, int) and failures.answered(code):
+                continue  # the cluster answered them (an unknown topic, say): no outage
             if remote and self.topic_settings(topic).fallback_to_remote:
                 continue
             if local.known_missing(topic):

@@ -150,6 +150,9 @@ class Cluster:
         # Half of outage_after_seconds: named well within it (the statistics come every
         # second); not under 2 s, which a loaded broker's answer can take.
         self.brokers_watch = BrokerWatch(quiet_after=max(2.0, config.outage_after_seconds / 2))
+        # Out of reach (brokers.py), and of those the ones routed around (only in a partial
+        # failure: partial()).
+        self._out_of_reach: frozenset[int] = frozenset()
         self._unreachable: frozenset[int] = frozenset()
         self._purge_due = False  # newly unreachable: queued sends to be routed again
         self._unreachable_logged: set[int] = set()
@@ -184,11 +187,16 @@ class Cluster:
         # Served inside poll() of that client: note, and let the loop act (poll()).
         if self.brokers_watch.sample(source, stats):
             now = self.brokers_watch.nodes()
+            self._out_of_reach = now
+            # Routed around only in a partial failure: with more than half the brokers out
+            # of reach (a lost quorum, the whole cluster cut off) there is nowhere better to
+            # send to, and keys stay where they are, as before any of this.
+            routed = now if self.partial() else frozenset()
             with self._lock:
-                newly = now - self._unreachable
-                self._unreachable = now
+                newly = routed - self._unreachable
+                self._unreachable = routed
                 for lay in self._layouts.values():
-                    lay.route_around(now)
+                    lay.route_around(routed)
             for u in self.brokers_watch.unreachable().values():
                 if u.node in newly:
                     log.warning("cluster %s: broker %d (%s) does not answer this agent for "
@@ -198,12 +206,11 @@ class Cluster:
             for node in self._unreachable_logged - now:
                 log.warning("cluster %s: broker %d answers again", self.name, node)
             self._unreachable_logged = set(now)
-            # Routing around needs somewhere to go: with every broker out of reach (a single
-            # node, the whole cluster cut off) a purge would only re-queue the same sends.
-            self._purge_due = self._purge_due or bool(newly and self.partial())
+            self._purge_due = self._purge_due or bool(newly)
 
     def out_of_reach(self, topic: str, partition: int) -> bool:
-        """``topic``'s ``partition`` is led by a broker out of this agent's reach."""
+        """``topic``'s ``partition`` is led by a broker out of this agent's reach, in a
+        partial failure (``partial``): the partitions routed around."""
         unreachable = self._unreachable
         if not unreachable:
             return False
@@ -220,15 +227,11 @@ class Cluster:
         """The brokers out of reach, for the status documents."""
         return [u.to_json() for u in self.brokers_watch.unreachable().values()]
 
-    def stranded_here(self, source: str) -> int:
-        """Sends of client ``source`` waiting on brokers out of reach."""
-        return self.brokers_watch.stranded(source)
-
     def partial(self) -> bool:
         """Some brokers out of reach, at most half of those in metadata: a partial failure,
         whose stranded sends say nothing of the rest. More than half (two of three nodes
         killed, the quorum with them) is the cluster's failure, judged whole."""
-        unreachable = len(self._unreachable)
+        unreachable = len(self._out_of_reach)
         return unreachable > 0 and 2 * unreachable <= self.brokers
 
     def stranded(self) -> int:

@@ -40,9 +40,11 @@ from typing import Literal
 State = Literal["unknown", "up", "down"]
 
 # Nothing outstanding counts once it lasted this long: between a failed send and its place in
-# the forwarder's retry queue (the reports served, the retries counted every 0.1 s) a message
-# is briefly in neither count, and that gap is no delivery.
-SETTLE_SECONDS = 1.0
+# the forwarder's retry queue (a replaced producer's reports served a step later) a message
+# is briefly in neither count, and that gap is no delivery. Short: a longer wait let a send
+# counted a step late hold a cluster "busy" through every gap (a missing topic read as an
+# outage).
+SETTLE_SECONDS = 0.25
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,29 +23,37 @@ class TopicLayout:
     available: tuple[int, ...]
     # Each partition's leader (node id, -1: none), as the metadata said; empty: not known.
     leaders: tuple[int, ...] = ()
+    # The available partitions whose leader this agent reaches, when that is fewer (empty:
+    # all of them). AnyPartition messages go round-robin over these; PartitionKey messages
+    # keep Bruce's rule on ``available``, so a key moves only when its partition has no
+    # leader, never for one agent's network trouble.
+    reachable: tuple[int, ...] = ()
     # The round-robin position: the index in the choices of the partition chosen last.
     position: int = field(default=0, repr=False)
 
     def round_robin(self) -> int:
-        choices = self.available or self.partitions
+        choices = self.reachable or self.available or self.partitions
         if not choices:
             return UNASSIGNED
         self.position = (self.position + 1) % len(choices)
         return choices[self.position]
 
     def route_around(self, unreachable: frozenset[int]) -> None:
-        """Set ``available`` from the leaders: led, and not by a broker out of reach."""
+        """Set ``available`` (led, as the metadata says) and ``reachable`` (of those, not led
+        by a broker out of this agent's reach) from the leaders."""
         if self.leaders:
-            self.available = tuple(p for p, leader in zip(self.partitions, self.leaders,
-                                                          strict=True)
-                                   if leader >= 0 and leader not in unreachable)
+            pairs = list(zip(self.partitions, self.leaders, strict=True))
+            self.available = tuple(p for p, leader in pairs if leader >= 0)
+            reachable = tuple(p for p, leader in pairs
+                              if leader >= 0 and leader not in unreachable)
+            self.reachable = reachable if len(reachable) < len(self.available) else ()
 
     def all_available(self) -> bool:
         """Every partition has a leader: then ``for_partition_key(k)`` is
         ``partitions[k % n]`` and round-robin goes over ``partitions``, which the
         forwarder's common path computes inline (a method call per message costs more)."""
-        return bool(self.partitions) and (not self.available
-                                          or len(self.available) == len(self.partitions))
+        return bool(self.partitions) and not self.reachable and (
+            not self.available or len(self.available) == len(self.partitions))
 
     def for_partition_key(self, key: int) -> int:
         parts = self.partitions

@@ -845,13 +845,6 @@ class ExactlyOnce:
                 raise Refused("Kafka refused messages of the transaction")  # reports kept
             if not left or time.monotonic() >= deadline:
                 return int(left)
-            if self.cluster.stranded_here(STATS_SOURCE):
-                # Some of it waits on a broker out of this agent's reach (brokers.py): it
-                # cannot end before that broker answers. Given up now, as at the deadline;
-                # the next transaction is routed around the broker.
-                log.warning("exactly-once: %d messages of the transaction wait on a broker "
-                            "out of reach: giving it up", left)
-                return int(left)
 
     def _close_window(self, p: Producer) -> None:
         """Flush a window's messages out; ``Refused`` when Kafka refused any of them."""

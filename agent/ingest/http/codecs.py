@@ -91,14 +91,7 @@ def parse_json(data: bytes, what: str = "body") -> Any:
     # Strictly UTF-8 (RFC 8259 section 8.1): json.loads on bytes would also take UTF-16 or
     # UTF-32 and skip a byte order mark, and Kafka consumers would get bytes that are not
     # the JSON the topic promises. Decoded first, a BOM is refused by the parser.
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BodyError(f"{what} is not UTF-8 ({exc.reason} at byte {exc.start}); JSON "
-                        "bodies are UTF-8, without a byte order mark") from None
-    if text.startswith("\ufeff"):
-        raise BodyError(f"{what} starts with a byte order mark; JSON bodies are UTF-8 "
-                        "without one")
+    text = _utf8(data, what)
     try:
         return json.loads(text, parse_constant=_no_constants)
     except (ValueError, UnicodeDecodeError) as exc:
