@@ -153,6 +153,20 @@ class AgentProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)  # a forwarder child left behind
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) of every process of the agent's process group so far
+        (it runs in a session of its own: the ingest process and the forwarder)."""
+        assert self.proc is not None
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # exited meanwhile
+            if int(fields[2]) == self.proc.pid:  # pgrp
+                total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
+        return total / os.sysconf("SC_CLK_TCK")
+
     def log_tail(self, lines: int = 60) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

@@ -724,9 +724,12 @@ class KafkaCluster:
         return list(metadata.topics[topic].partitions[partition].isrs)
 
     def transaction_coordinator(self, transactional_id: str) -> int:
-        """The node leading the ``__transaction_state`` partition of ``transactional_id``."""
+        """The node leading the ``__transaction_state`` partition of ``transactional_id``;
+        ``LookupError`` until the first transactional producer has made that topic."""
         metadata = self.admin().list_topics("__transaction_state", timeout=10.0)
         topic = metadata.topics["__transaction_state"]
+        if not topic.partitions:
+            raise LookupError("__transaction_state does not exist yet")
         index = transaction_state_partition(transactional_id, len(topic.partitions))
         leader: int = topic.partitions[index].leader
         return leader

@@ -616,7 +616,10 @@ def test_coordinator_traffic_held_past_the_timeouts_then_delivered_late(
     with Agent(config) as agent:
         run = _Run(agent, topic)
         run.thread.start()
-        node = cluster.transaction_coordinator(transactional_id)
+        # Known once the sender's first InitProducerId has made __transaction_state.
+        node = wait_until(lambda: cluster.transaction_coordinator(transactional_id),
+                          timeout=60, interval=0.2, ignore=(LookupError,),
+                          message="the transaction coordinator known")
         try:
             run.wait_acked(200, 30, "before the hold")
             run.wait_commits(3, 60, "before the hold")

@@ -20,7 +20,6 @@ duplicated and out-of-order ones apart.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -229,19 +228,6 @@ def test_leader_killed_mid_stream_acks_all_loses_nothing_acks_leader_is_measured
 # -- 2. too few in-sync replicas --------------------------------------------------------------
 
 
-def group_cpu_seconds(agent: AgentProcess) -> float:
-    """CPU time (user + system) of every process of the agent's process group so far."""
-    assert agent.proc is not None
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # exited meanwhile
-        if int(fields[2]) == agent.proc.pid:  # pgrp: the agent runs in its own session
-            total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
-    return total / os.sysconf("SC_CLK_TCK")
-
 
 def ferry_status(agent: AgentProcess) -> tuple[int, str]:
     done = subprocess.run(
@@ -306,9 +292,9 @@ def test_too_few_in_sync_replicas_keeps_everything_says_why_and_delivers_after(
 
         # The wait itself: nothing leaves the buffer, nothing is discarded, and the agent
         # does not spin. WINDOW is a measuring period, not a wait for anything.
-        row0, cpu0, t0 = topic_row(agent, topic), group_cpu_seconds(agent), time.monotonic()
+        row0, cpu0, t0 = topic_row(agent, topic), agent.cpu_seconds(), time.monotonic()
         time.sleep(WINDOW)
-        row1, cpu1 = topic_row(agent, topic), group_cpu_seconds(agent)
+        row1, cpu1 = topic_row(agent, topic), agent.cpu_seconds()
         elapsed = time.monotonic() - t0
         cpu_share = (cpu1 - cpu0) / elapsed
         failures = row1["delivery_failures"] - row0["delivery_failures"]

@@ -48,13 +48,12 @@ def test_one_broker_out_of_reach_stops_only_its_partitions(
     sent: list[bytes] = []
     with AgentProcess(config) as agent, FerryClient(agent.socket_path, timeout=30) as client:
 
-        def send(n: int, key: int | None = None) -> None:
+        def send(n: int) -> None:
+            # AnyPartition: free to go to any partition. (A PartitionKey message keeps its
+            # partition and waits with it: docs/design.md, "One broker out of reach".)
             for _ in range(n):
                 value = f"m-{len(sent):06d}".encode()
-                # Bruce's two kinds: AnyPartition, and PartitionKey (its key's partition,
-                # or the next reachable one).
-                client.send(topic, value, partition_key=key if key is not None
-                            else (len(sent) if len(sent) % 2 else None))
+                client.send(topic, value)
                 sent.append(value)
 
         send(100)
@@ -82,9 +81,8 @@ def test_one_broker_out_of_reach_stops_only_its_partitions(
             health = status(agent)["health"]
             assert any(p["check"] == "broker" and f"broker {cut}" in p["message"]
                        for p in health["problems"]), health
-            # Delivery goes on past message_timeout_ms: each burst is delivered (but for the
-            # share a PartitionKey rule may still send to the cut partitions' neighbours)
-            # within outage_after_seconds and the statistics' second. (When the sends that
+            # Delivery goes on past message_timeout_ms: each burst is delivered within
+            # outage_after_seconds and the statistics' second. (When the sends that
             # were on the wire to the cut broker time out, the topic re-sends them first,
             # routed around it: a pause of about the time it took to name the broker.)
             waits = []
@@ -120,9 +118,8 @@ def test_exactly_once_with_a_broker_out_of_reach_loses_and_repeats_nothing(
     tmp_path: Path, proxied_kafka: KafkaCluster
 ) -> None:
     """The same cut, an exactly-once topic (the cut broker is not its transaction
-    coordinator): the broker is named, the transaction holding its partitions ends at the
-    commit limit and its messages are sent again routed around it; across the cut and the
-    restore, read_committed sees each message once. How soon transactions commit again
+    coordinator), AnyPartition and PartitionKey datagrams: the broker is named; across the
+    cut and the restore, read_committed sees each message once. How soon transactions commit again
     during the cut is printed, not asserted: a progress-group or transaction coordinator on
     the cut broker stalls them (docs/reliability.md)."""
     cluster = proxied_kafka

@@ -17,7 +17,6 @@ moves a leader, and no ``acks = "all"`` write completes. What the agent must do 
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -100,19 +99,6 @@ class Trickle:
         return self.sent
 
 
-def group_cpu_seconds(agent: AgentProcess) -> float:
-    """CPU time (user + system) of every process of the agent's process group so far."""
-    assert agent.proc is not None
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # exited meanwhile
-        if int(fields[2]) == agent.proc.pid:  # pgrp: the agent runs in its own session
-            total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
-    return total / os.sysconf("SC_CLK_TCK")
-
 
 def health(agent: AgentProcess) -> dict[str, Any]:
     doc: dict[str, Any] = agent.get_json("/status/all")["health"]
@@ -172,9 +158,9 @@ def test_quorum_killed_critical_named_cheap_wait_nothing_lost(
         sent = trickle.stop()
 
         # Waiting, with no input: what it costs. WINDOW is a measuring period.
-        cpu0, t0 = group_cpu_seconds(agent), time.monotonic()
+        cpu0, t0 = agent.cpu_seconds(), time.monotonic()
         time.sleep(WINDOW)
-        cpu_share = (group_cpu_seconds(agent) - cpu0) / (time.monotonic() - t0)
+        cpu_share = (agent.cpu_seconds() - cpu0) / (time.monotonic() - t0)
         still = critical_unacknowledged(agent)
         waiting = topic_row(agent, topic)
         buffered = agent.buffered().get(topic, 0)

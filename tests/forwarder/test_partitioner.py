@@ -146,19 +146,20 @@ def test_choose_without_metadata_is_unassigned() -> None:
 
 
 def test_partitions_led_by_a_broker_out_of_reach_are_routed_around() -> None:
-    """A partition whose leader the agent cannot reach (brokers.py) counts as leaderless
-    for Bruce's rule: AnyPartition skips it, PartitionKey moves to the next one, and both
-    come back once the broker answers."""
+    """A partition whose leader the agent cannot reach (brokers.py): AnyPartition messages
+    skip it; PartitionKey messages keep Bruce's rule on the metadata's leaders (a key moves
+    only when its partition has no leader), and both are as before once the broker answers."""
     lay = TopicLayout((0, 1, 2, 3), (), leaders=(1, 2, -1, 2))
     lay.route_around(frozenset())
-    assert lay.available == (0, 1, 3)
+    assert lay.available == (0, 1, 3) and lay.reachable == ()
     lay.route_around(frozenset({2}))
-    assert lay.available == (0,)
+    assert lay.available == (0, 1, 3) and lay.reachable == (0,)
+    assert not lay.all_available()
     assert {lay.round_robin() for _ in range(8)} == {0}
-    assert lay.for_partition_key(1) == 0 and lay.for_partition_key(4) == 0
+    assert lay.for_partition_key(1) == 1 and lay.for_partition_key(2) == 3
     lay.route_around(frozenset())
-    assert lay.for_partition_key(1) == 1
+    assert {lay.round_robin() for _ in range(8)} == {0, 1, 3}
     # Leaders unknown (a layout made without them): left as it was.
     bare = TopicLayout((0, 1), (0, 1))
     bare.route_around(frozenset({1}))
-    assert bare.available == (0, 1)
+    assert bare.available == (0, 1) and bare.reachable == ()

@@ -43,6 +43,12 @@ def read_answers(sock: socket.socket, n: int) -> list[bytes]:
     return answers
 
 
+def status(answer: bytes) -> int:
+    """The status code of one answer."""
+    assert answer.startswith(b"HTTP/1."), answer[:80]
+    return int(answer.split(b" ", 2)[1])
+
+
 def publish(topic: str, body: bytes, *headers: bytes, version: bytes = b"1.1") -> bytes:
     """A ``POST /topics/{topic}`` request with a Content-Length."""
     lines = [b"POST /topics/" + topic.encode() + b" HTTP/" + version, b"Host: x",

@@ -32,11 +32,6 @@ def _values(served: Served, topic: str) -> list[bytes]:
     return [m.record.value for m in served.messages(topic)]
 
 
-def _status(answer: bytes) -> int:
-    assert answer.startswith(b"HTTP/1.1 "), answer[:80]
-    return int(answer.split(b" ", 2)[1])
-
-
 def _exchange(served: Served, request: bytes) -> bytes:
     """Send ``request`` whole and read everything until the server closes."""
     with raw.connect(served) as sock:
@@ -49,7 +44,7 @@ def _later_publish_is_stored(served: Served) -> None:
     handed over before it would be stored too, so an empty topic means nothing came."""
     with raw.connect(served) as sock:
         sock.sendall(raw.publish("marker", b"m"))
-        assert _status(raw.read_answers(sock, 1)[0]) == 202
+        assert raw.status(raw.read_answers(sock, 1)[0]) == 202
 
 
 # -- A: Upgrade on a publish -----------------------------------------------------------------
@@ -72,7 +67,7 @@ def test_a_publish_offering_an_upgrade_stores_its_body(served: Served, split: bo
         else:
             sock.sendall(request)
         answer = raw.read_until_closed(sock)
-    assert _status(answer) == 202, answer[:200]
+    assert raw.status(answer) == 202, answer[:200]
     assert answer.count(b"HTTP/1.1 ") == 1
     assert _values(served, "up") == [b"hello"]
 
@@ -81,7 +76,7 @@ def test_a_chunked_publish_offering_an_upgrade_stores_its_body(served: Served) -
     request = (b"POST /topics/upc HTTP/1.1\r\nHost: x\r\n" + b"\r\n".join(_H2C)
                + b"\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nhel\r\n2\r\nlo\r\n0\r\n\r\n")
     answer = _exchange(served, request)
-    assert _status(answer) == 202, answer[:200]
+    assert raw.status(answer) == 202, answer[:200]
     assert _values(served, "upc") == [b"hello"]
 
 
@@ -91,7 +86,7 @@ def test_an_upgrade_publish_keeps_the_body_limit(serve: Callable[..., Served]) -
     with raw.connect(served) as sock:
         sock.sendall(raw.publish("upbig", b"x" * 101, *_H2C))
         answer = raw.read_until_closed(sock)
-    assert _status(answer) == 413, answer[:200]
+    assert raw.status(answer) == 413, answer[:200]
     _later_publish_is_stored(served)
     assert _values(served, "upbig") == []
 
@@ -99,7 +94,7 @@ def test_an_upgrade_publish_keeps_the_body_limit(serve: Callable[..., Served]) -
 def test_an_upgrade_without_a_body_is_answered_as_plain_http(served: Served) -> None:
     answer = _exchange(served, b"GET /status/ping HTTP/1.1\r\nHost: x\r\n"
                        + b"\r\n".join(_H2C) + b"\r\n\r\n")
-    assert _status(answer) == 200 and answer.endswith(b"pong")
+    assert raw.status(answer) == 200 and answer.endswith(b"pong")
 
 
 # -- B: a publish followed by FIN ------------------------------------------------------------
@@ -111,7 +106,7 @@ def test_publishes_followed_by_a_half_close_are_answered(served: Served, count: 
         sock.sendall(b"".join(raw.publish("fin", b"%d" % i) for i in range(count)))
         sock.shutdown(socket.SHUT_WR)
         answers = raw.split_answers(raw.read_until_closed(sock))
-    assert [_status(a) for a in answers] == [202] * count
+    assert [raw.status(a) for a in answers] == [202] * count
     assert _values(served, "fin") == [b"%d" % i for i in range(count)]
 
 
@@ -153,7 +148,7 @@ def test_a_client_that_never_reads_its_answers_is_closed(served: Served) -> None
     # And the server still serves.
     with raw.connect(served) as other:
         other.sendall(raw.publish("after", b"x"))
-        assert _status(raw.read_answers(other, 1)[0]) == 202
+        assert raw.status(raw.read_answers(other, 1)[0]) == 202
 
 
 def test_pipelined_bodies_held_ahead_of_their_answers_are_bounded(
@@ -181,7 +176,7 @@ def test_pipelined_bodies_held_ahead_of_their_answers_are_bounded(
     finally:
         gate.release.set()
         sock.close()
-    assert [_status(a) for a in answers] == [202] * count
+    assert [raw.status(a) for a in answers] == [202] * count
     assert [v[:2] for v in _values(served, "piped")] == [b"%02d" % i for i in range(count)]
 
 
@@ -260,7 +255,7 @@ def test_an_endless_trailer_section_is_refused_within_the_header_limit(served: S
         except ConnectionResetError:
             pytest.fail(f"reset without an answer after {sent} bytes of one trailer")
     assert answered_after is not None, f"no answer after {sent} bytes of one trailer"
-    assert _status(answer) == 431, answer[:200]
+    assert raw.status(answer) == 431, answer[:200]
     assert _values(served, "trail") == []
 
 
@@ -269,7 +264,7 @@ def test_chunked_bodies_of_many_small_chunks_are_still_read(served: Served) -> N
     chunks = b"".join(b"1\r\n%c\r\n" % (97 + i % 26) for i in range(20_000))
     answer = _exchange(served, b"POST /topics/tiny HTTP/1.1\r\nHost: x\r\nConnection: close"
                        b"\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n")
-    assert _status(answer) == 202, answer[:200]
+    assert raw.status(answer) == 202, answer[:200]
     assert len(_values(served, "tiny")[0]) == 20_000
 
 
@@ -281,7 +276,7 @@ def test_a_multi_member_gzip_body_is_stored_whole(served: Served) -> None:
     with raw.connect(served) as sock:
         sock.sendall(raw.publish("gz", body, b"Content-Encoding: gzip"))
         answer = raw.read_answers(sock, 1)[0]
-    assert _status(answer) == 202, answer[:200]
+    assert raw.status(answer) == 202, answer[:200]
     assert _values(served, "gz") == [b"first half, second half"]
 
 
@@ -294,7 +289,7 @@ def test_bytes_after_a_gzip_member_that_are_not_one_are_refused(
     with raw.connect(served) as sock:
         sock.sendall(raw.publish("gzbad", body, b"Content-Encoding: gzip"))
         answer = raw.read_answers(sock, 1)[0]
-    assert _status(answer) == 400, answer[:200]
+    assert raw.status(answer) == 400, answer[:200]
     _later_publish_is_stored(served)
     assert _values(served, "gzbad") == []
 
@@ -305,7 +300,7 @@ def test_a_multi_member_gzip_over_the_limit_is_refused(serve: Callable[..., Serv
     with raw.connect(served) as sock:
         sock.sendall(raw.publish("gzbig", body, b"Content-Encoding: gzip"))
         answer = raw.read_answers(sock, 1)[0]
-    assert _status(answer) == 413, answer[:200]
+    assert raw.status(answer) == 413, answer[:200]
     assert _values(served, "gzbig") == []
 
 
@@ -318,14 +313,14 @@ def test_an_http11_request_without_exactly_one_host_is_refused(
     """RFC 9112 §3.2: 400 for an HTTP/1.1 request with no Host or with two."""
     request = b"\r\n".join([b"POST /topics/host HTTP/1.1", *hosts, b"Content-Length: 1"])
     answer = _exchange(served, request + b"\r\n\r\nx")
-    assert _status(answer) == 400, answer[:200]
+    assert raw.status(answer) == 400, answer[:200]
     _later_publish_is_stored(served)
     assert _values(served, "host") == []
 
 
 def test_an_http10_request_without_host_is_served(served: Served) -> None:
     answer = _exchange(served, b"POST /topics/h10 HTTP/1.0\r\nContent-Length: 1\r\n\r\nx")
-    assert _status(answer) == 202, answer[:200]
+    assert raw.status(answer) == 202, answer[:200]
     assert _values(served, "h10") == [b"x"]
 
 
@@ -333,7 +328,7 @@ def test_an_http10_request_without_host_is_served(served: Served) -> None:
 def test_a_transfer_coding_other_than_chunked_is_refused(served: Served, coding: bytes) -> None:
     answer = _exchange(served, b"POST /topics/te HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
                        + coding + b"\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
-    assert _status(answer) in (400, 501), answer[:200]
+    assert raw.status(answer) in (400, 501), answer[:200]
     _later_publish_is_stored(served)
     assert _values(served, "te") == []
 
@@ -341,7 +336,7 @@ def test_a_transfer_coding_other_than_chunked_is_refused(served: Served, coding:
 def test_an_http2_request_line_over_http11_is_refused(served: Served) -> None:
     answer = _exchange(served, b"POST /topics/h2 HTTP/2.0\r\nHost: x\r\nContent-Length: 1"
                        b"\r\n\r\nx")
-    assert _status(answer) == 505, answer[:200]
+    assert raw.status(answer) == 505, answer[:200]
     _later_publish_is_stored(served)
     assert _values(served, "h2") == []
 
@@ -357,7 +352,7 @@ def test_a_declared_oversized_body_is_refused_before_it_is_sent(
         sock.sendall(b"POST /topics/big HTTP/1.1\r\nHost: x\r\nContent-Length:" + length
                      + b"\r\n\r\n")
         answer = raw.read_until_closed(sock)
-    assert _status(answer) == 413, answer[:200]
+    assert raw.status(answer) == 413, answer[:200]
 
 
 def test_deleting_an_illegal_topic_name_is_a_bad_request(serve: Callable[..., Served]) -> None:
@@ -365,5 +360,5 @@ def test_deleting_an_illegal_topic_name_is_a_bad_request(serve: Callable[..., Se
     answer = _exchange(served, b"DELETE /topics/bad!name HTTP/1.1\r\nHost: x\r\n"
                        b"Authorization: Bearer " + TOKEN.encode()
                        + b"\r\nConnection: close\r\n\r\n")
-    assert _status(answer) == 400, answer[:200]
+    assert raw.status(answer) == 400, answer[:200]
     assert b'"invalid_topic"' in answer

@@ -19,10 +19,6 @@ from tests.http.harness import Served
 from tests.waiting import wait_until
 
 
-def _status(answer: bytes) -> int:
-    return int(answer.split(b" ", 2)[1])
-
-
 def _error(answer: bytes) -> dict[str, str]:
     head, _, body = answer.partition(b"\r\n\r\n")
     assert b"\r\ncontent-type: application/json" in head.lower(), head
@@ -45,7 +41,7 @@ def test_an_answer_before_the_body_arrived_closes_the_connection(
     with raw.connect(served) as sock:
         sock.sendall(b"GET /status/ping HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
         answer = raw.read_until_closed(sock)
-    assert _status(answer) == 408 and _error(answer)["code"] == "request_timeout"
+    assert raw.status(answer) == 408 and _error(answer)["code"] == "request_timeout"
     assert b"\r\nconnection: close\r\n" in answer
 
 
@@ -60,7 +56,7 @@ def test_a_declared_body_over_the_limit_is_413_and_closed(
     with raw.connect(served) as sock:
         sock.sendall(request_bytes)
         answer = raw.read_until_closed(sock)
-    assert _status(answer) == 413 and _error(answer)["code"] == "too_large"
+    assert raw.status(answer) == 413 and _error(answer)["code"] == "too_large"
     assert answer.count(b"HTTP/1.1 ") == 1
 
 
@@ -74,7 +70,7 @@ def test_headers_over_the_limit_are_431_and_closed(served: Served, header: bytes
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             sock.sendall(raw.publish("h", b"v", header))
         answer = raw.read_until_closed(sock)
-    assert _status(answer) == 431 and _error(answer)["code"] == "headers_too_large"
+    assert raw.status(answer) == 431 and _error(answer)["code"] == "headers_too_large"
     assert served.messages("h") == []
 
 
@@ -94,15 +90,15 @@ def test_a_huge_header_trickled_in_costs_no_more_than_the_limit(served: Served) 
         other.sendall(raw.publish("h", b"fine"))
         (fine,) = raw.read_answers(other, 1)
     assert refused or answer
-    assert _status(answer) == 431
-    assert _status(fine) == 202 and _values(served, "h") == [b"fine"]
+    assert raw.status(answer) == 431
+    assert raw.status(fine) == 202 and _values(served, "h") == [b"fine"]
 
 
 def test_a_request_line_over_the_limit_is_414(served: Served) -> None:
     with raw.connect(served) as sock:
         sock.sendall(b"GET /status/" + b"a" * 10_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
         answer = raw.read_until_closed(sock)
-    assert _status(answer) == 414 and _error(answer)["code"] == "uri_too_long"
+    assert raw.status(answer) == 414 and _error(answer)["code"] == "uri_too_long"
 
 
 def test_garbage_after_a_valid_publish_leaves_it_its_2xx(served: Served) -> None:
@@ -112,8 +108,8 @@ def test_garbage_after_a_valid_publish_leaves_it_its_2xx(served: Served) -> None
         sock.sendall(raw.publish("g", b"stored") + b"\x00\x01 NOT HTTP\r\n\r\n")
         answer = raw.read_until_closed(sock)
     first, second = raw.split_answers(answer)
-    assert _status(first) == 202
-    assert _status(second) == 400 and _error(second)["code"] == "invalid_http"
+    assert raw.status(first) == 202
+    assert raw.status(second) == 400 and _error(second)["code"] == "invalid_http"
     assert _values(served, "g") == [b"stored"]
 
 
@@ -121,7 +117,7 @@ def test_parser_errors_are_json(served: Served) -> None:
     with raw.connect(served) as sock:
         sock.sendall(b"BLAH\r\n\r\n")
         answer = raw.read_until_closed(sock)
-    assert _status(answer) == 400 and _error(answer)["code"] == "invalid_http"
+    assert raw.status(answer) == 400 and _error(answer)["code"] == "invalid_http"
 
 
 def test_the_cap_closes_the_connection_idle_longest_to_serve_a_new_one(
@@ -136,7 +132,7 @@ def test_the_cap_closes_the_connection_idle_longest_to_serve_a_new_one(
         with raw.connect(served) as sock:
             sock.sendall(raw.publish("cap", b"new"))
             (answer,) = raw.read_answers(sock, 1)
-        assert _status(answer) == 202
+        assert raw.status(answer) == 202
         assert raw.read_until_closed(idle[0]) == b""  # evicted
         # Counted, and said once, for the operator who may want a higher cap.
         assert served.counter("http_connections_closed", reason="closed_for_room") == 1
@@ -161,7 +157,7 @@ def test_at_the_cap_a_stalled_request_makes_room_too(serve: Callable[..., Served
         with raw.connect(served) as sock:
             sock.sendall(raw.publish("cap", b"new"))
             (answer,) = raw.read_answers(sock, 1)
-        assert _status(answer) == 202
+        assert raw.status(answer) == 202
     finally:
         for s in stalled:
             s.close()
@@ -183,8 +179,8 @@ def test_at_the_cap_with_every_request_being_answered_a_new_connection_gets_503(
                    message="5 connections accepted, each with a request being answered")
         with raw.connect(served) as sock:
             answer = raw.read_until_closed(sock)
-        assert _status(answer) == 503 and _error(answer)["code"] == "too_many_connections"
-        assert all(_status(raw.read_answers(s, 1)[0]) == 202 for s in busy)
+        assert raw.status(answer) == 503 and _error(answer)["code"] == "too_many_connections"
+        assert all(raw.status(raw.read_answers(s, 1)[0]) == 202 for s in busy)
         assert served.counter("http_connections_closed", reason="too_many_connections") == 1
         assert served.counter("http_connections_closed", reason="closed_for_room") == 0
         assert any(r.levelno == logging.WARNING and "refused a new connection (503)" in
@@ -201,8 +197,8 @@ def test_gzip_bodies_are_decoded_and_other_codings_refused(served: Served) -> No
         (ok,) = raw.read_answers(sock, 1)
         sock.sendall(raw.publish("z", b"x", b"Content-Encoding: br"))
         (refused,) = raw.read_answers(sock, 1)
-    assert _status(ok) == 202
-    assert _status(refused) == 415 and _error(refused)["code"] == "unsupported_content_encoding"
+    assert raw.status(ok) == 202
+    assert raw.status(refused) == 415 and _error(refused)["code"] == "unsupported_content_encoding"
     assert _values(served, "z") == [b"unzipped value"]
 
 
@@ -213,7 +209,7 @@ def test_a_gzip_body_decoding_past_the_limit_is_413(serve: Callable[..., Served]
     with raw.connect(served) as sock:
         sock.sendall(raw.publish("bomb", bomb, b"Content-Encoding: gzip"))
         (answer,) = raw.read_answers(sock, 1)
-    assert _status(answer) == 413
+    assert raw.status(answer) == 413
     assert served.messages("bomb") == []
 
 
@@ -235,7 +231,7 @@ def test_encoded_slashes_in_a_topic_are_refused(served: Served, path: bytes) -> 
     with raw.connect(served) as sock:
         sock.sendall(raw.publish("x", b"[1]").replace(b"/topics/x", path, 1))
         answer = raw.read_until_closed(sock)
-    assert _status(answer) == 400 and _error(answer)["code"] == "invalid_topic"
+    assert raw.status(answer) == 400 and _error(answer)["code"] == "invalid_topic"
     assert served.store.topic_stats() == []
 
 
@@ -276,4 +272,4 @@ def test_the_keep_alive_timeout_follows_an_error_answer_too(
                                   timeout=30) as sock:
         sock.sendall(b"GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n")
         answer = raw.read_until_closed(sock)
-    assert _status(answer) == 404
+    assert raw.status(answer) == 404

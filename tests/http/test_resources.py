@@ -31,15 +31,35 @@ WAIT = 30.0
 TOKEN = "resources-token"
 
 
-def _status(answer: bytes) -> int:
-    assert answer.startswith(b"HTTP/1.1 "), answer[:80]
-    return int(answer.split(b" ", 2)[1])
-
-
 def _exchange(served: Served, request: bytes) -> bytes:
     with raw.connect(served) as sock:
         sock.sendall(request)
         return raw.read_answers(sock, 1)[0]
+
+
+def _send_until_answered(served: Served, head: bytes, piece: bytes, most: int
+                         ) -> tuple[int | None, int, bytes]:
+    """Send ``head``, then ``piece`` after ``piece`` until the server answers (or closes)
+    or ``most`` bytes went; (bytes sent when it answered or None, bytes sent, the answer).
+    A small send buffer, so that "sent" is close to what the server had to read."""
+    sent = 0
+    answered_after: int | None = None
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+        sock.settimeout(WAIT)
+        sock.connect((served.server.host, served.server.port))
+        sock.sendall(head)
+        try:
+            while sent < most:
+                sock.sendall(piece)
+                sent += len(piece)
+                if select.select([sock], [], [], 0.01)[0]:
+                    answered_after = sent
+                    break
+        except ConnectionError:
+            answered_after = sent
+        answer = raw.read_until_closed(sock)
+    return answered_after, sent, answer
 
 
 class _Probe:
@@ -68,7 +88,7 @@ class _Probe:
                 start = time.monotonic()
                 sock.sendall(b"GET /status/ping HTTP/1.1\r\nHost: x\r\n\r\n")
                 answer = raw.read_answers(sock, 1)[0]
-                assert _status(answer) == 200
+                assert raw.status(answer) == 200
                 self.worst = max(self.worst, time.monotonic() - start)
                 self.pings += 1
                 self._stop.wait(0.005)
@@ -89,7 +109,7 @@ def test_a_gzip_body_of_many_empty_members_does_not_hold_the_loop(served: Served
         before = probe.pings
         answer = _exchange(served, request)
         during = probe.pings - before
-    assert _status(answer) == 202, answer[:300]
+    assert raw.status(answer) == 202, answer[:300]
     assert [m.record.value for m in served.messages("members")] == [b"one", b"two"]
     assert during > 0, "no other client was answered while the body was decoded"
     assert probe.worst < 1.0, f"a probe waited {probe.worst:.2f} s"
@@ -190,7 +210,7 @@ def test_trailer_fields_are_not_request_headers(serve: Callable[..., Served]) ->
     for _ in range(2):  # with an Idempotency-Key the second would be a replay
         answer = _exchange(served, _chunked(b"/topics/trailed", b"value", trailer,
                                             b"Partition-Key: mine"))
-        assert _status(answer) == 202, answer[:300]
+        assert raw.status(answer) == 202, answer[:300]
         assert b"idempotent-replayed" not in answer.lower()
     stored = served.messages("trailed")
     assert [m.record.value for m in stored] == [b"value", b"value"]
@@ -205,7 +225,7 @@ def test_a_management_token_in_a_trailer_is_not_a_token(serve: Callable[..., Ser
     answer = _exchange(served, _chunked(b"/topics", body,
                                         b"Authorization: Bearer " + TOKEN.encode() + b"\r\n",
                                         b"Content-Type: application/json"))
-    assert _status(answer) == 401, answer[:300]
+    assert raw.status(answer) == 401, answer[:300]
     assert served.client.get("/topics/by-trailer").status_code == 404
 
 
@@ -214,35 +234,20 @@ def test_the_trailer_limit_does_not_grow_with_the_chunks(served: Served) -> None
     56 MiB trailer through (6.2 s of CPU). After 100,000 chunks (6.4 MiB of allowance
     before) a trailer is refused once it passes the header limit (32 KiB) and one read."""
     chunks = b"1\r\nx\r\n" * 100_000
-    piece = b"a" * 65536
-    sent = 0
-    answered_after: int | None = None
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
-        sock.settimeout(WAIT)
-        sock.connect((served.server.host, served.server.port))
-        sock.sendall(b"POST /topics/many HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked"
-                     b"\r\n\r\n" + chunks + b"0\r\nX-Trailer: ")
-        try:
-            while sent < 8 * 1024 * 1024:
-                sock.sendall(piece)
-                sent += len(piece)
-                if select.select([sock], [], [], 0.01)[0]:
-                    answered_after = sent
-                    break
-        except ConnectionError:
-            answered_after = sent
-        answer = raw.read_until_closed(sock)
+    head = (b"POST /topics/many HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + chunks + b"0\r\nX-Trailer: ")
+    answered_after, sent, answer = _send_until_answered(served, head, b"a" * 65536,
+                                                        8 * 1024 * 1024)
     assert answered_after is not None and answered_after <= 1024 * 1024, (
         f"no answer after {sent} bytes of trailer")
-    assert _status(answer) == 431, answer[:200]
+    assert raw.status(answer) == 431, answer[:200]
     assert served.messages("many") == []
 
 
 def test_too_many_trailer_fields_are_refused(served: Served) -> None:
     trailer = b"".join(b"X-T%d: v\r\n" % i for i in range(200))
     answer = _exchange(served, _chunked(b"/topics/fields", b"v", trailer))
-    assert _status(answer) == 431, answer[:300]
+    assert raw.status(answer) == 431, answer[:300]
     assert served.messages("fields") == []
 
 
@@ -289,27 +294,12 @@ def test_a_small_topic_limit_is_kept_while_a_chunked_body_streams(
     before its 413 (the batch limit was the bound until then)."""
     served = serve(topics={"default": {"ack_timeout_ms": 0, "max_message_bytes": 1000}})
     piece = b"4000\r\n" + b"x" * 0x4000 + b"\r\n"
-    sent = 0
-    answered_after: int | None = None
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
-        sock.settimeout(WAIT)
-        sock.connect((served.server.host, served.server.port))
-        sock.sendall(b"POST /topics/small HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked"
-                     b"\r\n\r\n")
-        try:
-            while sent < 16 * 1024 * 1024:
-                sock.sendall(piece)
-                sent += len(piece)
-                if select.select([sock], [], [], 0.01)[0]:
-                    answered_after = sent
-                    break
-        except ConnectionError:
-            answered_after = sent
-        answer = raw.read_until_closed(sock)
+    head = b"POST /topics/small HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    answered_after, sent, answer = _send_until_answered(served, head, piece,
+                                                        16 * 1024 * 1024)
     assert answered_after is not None and answered_after <= 1024 * 1024, (
         f"no answer after {sent} bytes")
-    assert _status(answer) == 413, answer[:200]
+    assert raw.status(answer) == 413, answer[:200]
     assert b"max_message_bytes" in answer
 
 
@@ -330,7 +320,7 @@ def test_bodies_in_flight_are_bounded_across_connections(serve: Callable[..., Se
                    message="three halves held")
         socks[3].sendall(head + b"x" * part)
         answer = raw.read_until_closed(socks[3])
-        assert _status(answer) == 503, answer[:300]
+        assert raw.status(answer) == 503, answer[:300]
         assert b"body_budget" in answer and b"retry-after" in answer.lower()
         assert served.server.budget.held <= budget
     finally:
@@ -339,7 +329,7 @@ def test_bodies_in_flight_are_bounded_across_connections(serve: Callable[..., Se
     wait_until(lambda: served.server.budget.held == 0, timeout=WAIT,
                message="the budget given back")
     answer = _exchange(served, raw.publish("budget", b"y" * part))
-    assert _status(answer) == 202, answer[:300]
+    assert raw.status(answer) == 202, answer[:300]
     assert served.server.budget.held == 0
     assert served.counter("messages_rejected", reason="body_budget") == 1
 
@@ -356,13 +346,13 @@ def test_a_batch_over_the_message_limit_is_413(serve: Callable[..., Served],
     answer = _exchange(served, b"POST /topics/counted/batch HTTP/1.1\r\nHost: x\r\n"
                        b"Content-Type: " + media + b"\r\nContent-Length: %d\r\n\r\n"
                        % len(body) + body)
-    assert _status(answer) == 413, answer[:300]
+    assert raw.status(answer) == 413, answer[:300]
     assert b"http.max_batch_messages" in answer
     ok = b"[" + b",".join(values[:100]) + b"]"
     answer = _exchange(served, b"POST /topics/counted/batch HTTP/1.1\r\nHost: x\r\n"
                        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
                        % len(ok) + ok)
-    assert _status(answer) == 202, answer[:300]
+    assert raw.status(answer) == 202, answer[:300]
     assert len(served.messages("counted")) == 100
 
 
@@ -375,7 +365,7 @@ def test_a_batch_of_millions_of_tiny_messages_does_not_hold_the_loop(served: Ser
                b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
     with _Probe(served) as probe:
         answer = _exchange(served, request)
-    assert _status(answer) == 413, answer[:300]
+    assert raw.status(answer) == 413, answer[:300]
     assert probe.worst < 1.0, f"a probe waited {probe.worst:.2f} s"
     assert served.messages("tinyjson") == []
 
@@ -387,7 +377,7 @@ def test_a_large_batch_is_converted_off_the_loop_and_stored(served: Served) -> N
     body = b"[" + b",".join(values) + b"]"
     answer = _exchange(served, b"POST /topics/big/batch HTTP/1.1\r\nHost: x\r\nContent-Type: "
                        b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
-    assert _status(answer) == 202, answer[:300]
+    assert raw.status(answer) == 202, answer[:300]
     stored = [json.loads(m.record.value)["n"] for m in served.messages("big")]
     assert stored == list(range(10_000))
 
@@ -401,5 +391,5 @@ def test_an_encoded_batch_segment_is_not_a_batch_publish(served: Served, path: b
     body = b'["a","b"]'
     answer = _exchange(served, b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Type: "
                        b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
-    assert _status(answer) == 404, answer[:300]
+    assert raw.status(answer) == 404, answer[:300]
     assert served.messages("enc") == []
