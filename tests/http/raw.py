@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import socket
 
 from tests.http.harness import Served
@@ -67,3 +68,29 @@ def split_answers(data: bytes) -> list[bytes]:
         answers.append(data[:end])
         data = data[end:]
     return answers
+
+
+def send_until_answered(served: Served, head: bytes, piece: bytes, most: int,
+                        timeout: float = 30.0) -> tuple[int | None, int, bytes]:
+    """Send ``head``, then ``piece`` after ``piece`` until the server answers (or closes)
+    or ``most`` bytes went; (bytes sent when it answered or None, bytes sent, the answer).
+    A small send buffer, so that "sent" is close to what the server had to read. A reset
+    where the answer should be raises ``ConnectionResetError``."""
+    sent = 0
+    answered_after: int | None = None
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+        sock.settimeout(timeout)
+        sock.connect((served.server.host, served.server.port))
+        sock.sendall(head)
+        try:
+            while sent < most:
+                sock.sendall(piece)
+                sent += len(piece)
+                if select.select([sock], [], [], 0.01)[0]:
+                    answered_after = sent
+                    break
+        except ConnectionError:
+            answered_after = sent
+        answer = read_until_closed(sock)
+    return answered_after, sent, answer

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import gzip
-import select
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -231,29 +230,11 @@ def test_an_endless_trailer_section_is_refused_within_the_header_limit(served: S
     431 arrives long before the client has sent 16 MiB of it."""
     head = (b"POST /topics/trail HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
             b"5\r\nhello\r\n0\r\nX-Trailer: ")
-    piece = b"a" * 65536
-    limit = 16 * 1024 * 1024
-    sent = 0
-    answered_after: int | None = None
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # A small send buffer: what the client has sent is close to what the server got.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
-        sock.settimeout(WAIT)
-        sock.connect((served.server.host, served.server.port))
-        sock.sendall(head)
-        try:
-            while sent < limit:
-                sock.sendall(piece)
-                sent += len(piece)
-                if select.select([sock], [], [], 0.01)[0]:
-                    answered_after = sent
-                    break
-        except ConnectionError:
-            answered_after = sent
-        try:
-            answer = raw.read_until_closed(sock)
-        except ConnectionResetError:
-            pytest.fail(f"reset without an answer after {sent} bytes of one trailer")
+    try:
+        answered_after, sent, answer = raw.send_until_answered(served, head, b"a" * 65536,
+                                                               16 * 1024 * 1024, WAIT)
+    except ConnectionResetError:
+        pytest.fail("reset without an answer to one endless trailer")
     assert answered_after is not None, f"no answer after {sent} bytes of one trailer"
     assert raw.status(answer) == 431, answer[:200]
     assert _values(served, "trail") == []

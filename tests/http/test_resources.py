@@ -13,7 +13,6 @@ import gc
 import gzip
 import json
 import os
-import select
 import socket
 import sys
 import threading
@@ -35,31 +34,6 @@ def _exchange(served: Served, request: bytes) -> bytes:
     with raw.connect(served) as sock:
         sock.sendall(request)
         return raw.read_answers(sock, 1)[0]
-
-
-def _send_until_answered(served: Served, head: bytes, piece: bytes, most: int
-                         ) -> tuple[int | None, int, bytes]:
-    """Send ``head``, then ``piece`` after ``piece`` until the server answers (or closes)
-    or ``most`` bytes went; (bytes sent when it answered or None, bytes sent, the answer).
-    A small send buffer, so that "sent" is close to what the server had to read."""
-    sent = 0
-    answered_after: int | None = None
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
-        sock.settimeout(WAIT)
-        sock.connect((served.server.host, served.server.port))
-        sock.sendall(head)
-        try:
-            while sent < most:
-                sock.sendall(piece)
-                sent += len(piece)
-                if select.select([sock], [], [], 0.01)[0]:
-                    answered_after = sent
-                    break
-        except ConnectionError:
-            answered_after = sent
-        answer = raw.read_until_closed(sock)
-    return answered_after, sent, answer
 
 
 class _Probe:
@@ -236,7 +210,7 @@ def test_the_trailer_limit_does_not_grow_with_the_chunks(served: Served) -> None
     chunks = b"1\r\nx\r\n" * 100_000
     head = (b"POST /topics/many HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
             + chunks + b"0\r\nX-Trailer: ")
-    answered_after, sent, answer = _send_until_answered(served, head, b"a" * 65536,
+    answered_after, sent, answer = raw.send_until_answered(served, head, b"a" * 65536,
                                                         8 * 1024 * 1024)
     assert answered_after is not None and answered_after <= 1024 * 1024, (
         f"no answer after {sent} bytes of trailer")
@@ -295,7 +269,7 @@ def test_a_small_topic_limit_is_kept_while_a_chunked_body_streams(
     served = serve(topics={"default": {"ack_timeout_ms": 0, "max_message_bytes": 1000}})
     piece = b"4000\r\n" + b"x" * 0x4000 + b"\r\n"
     head = b"POST /topics/small HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-    answered_after, sent, answer = _send_until_answered(served, head, piece,
+    answered_after, sent, answer = raw.send_until_answered(served, head, piece,
                                                         16 * 1024 * 1024)
     assert answered_after is not None and answered_after <= 1024 * 1024, (
         f"no answer after {sent} bytes")
