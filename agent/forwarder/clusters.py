@@ -154,7 +154,6 @@ class Cluster:
         # failure: partial()).
         self._out_of_reach: frozenset[int] = frozenset()
         self._unreachable: frozenset[int] = frozenset()
-        self._purge_due = False  # newly unreachable: queued sends to be routed again
         self._unreachable_logged: set[int] = set()
         self._probe: Probe | None = None
         # Told every topic's limits whenever they were learnt or forgotten (the forwarder
@@ -206,18 +205,6 @@ class Cluster:
             for node in self._unreachable_logged - now:
                 log.warning("cluster %s: broker %d answers again", self.name, node)
             self._unreachable_logged = set(now)
-            self._purge_due = self._purge_due or bool(newly)
-
-    def out_of_reach(self, topic: str, partition: int) -> bool:
-        """``topic``'s ``partition`` is led by a broker out of this agent's reach, in a
-        partial failure (``partial``): the partitions routed around."""
-        unreachable = self._unreachable
-        if not unreachable:
-            return False
-        lay = self._layouts.get(topic)
-        if lay is None or not lay.leaders or partition not in lay.partitions:
-            return False
-        return lay.leaders[lay.partitions.index(partition)] in unreachable
 
     def unreachable_text(self) -> str:
         """The brokers out of reach in words, for health ("" : none)."""
@@ -295,16 +282,7 @@ class Cluster:
             self._on_error(self.name, err)
 
     def poll(self) -> int:
-        served = sum(p.poll(0) for p in list(self._producers.values()))
-        if self._purge_due:
-            # A broker was found out of reach: what the producers still queue for its
-            # partitions (never sent) is failed back to the forwarder (_PURGE_QUEUE, not an
-            # attempt) and sent again, routed around it; waiting, it would wait until
-            # message_timeout_ms. What is in flight to it cannot be recalled safely.
-            self._purge_due = False
-            for p in list(self._producers.values()):
-                p.purge(in_queue=True, in_flight=False, blocking=False)
-        return served
+        return sum(p.poll(0) for p in list(self._producers.values()))
 
     def outstanding(self) -> int:
         return sum(len(p) for p in self._producers.values())

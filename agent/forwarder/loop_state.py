@@ -131,7 +131,7 @@ class LoopState(ABC):
 
     @abstractmethod
     def _report_failed(self, f: Flight, cluster: str, err: KafkaError,
-                       purge: set[tuple[str, str]], partition: int | None = None) -> None:
+                       purge: set[tuple[str, str]]) -> None:
         ...
 
     @abstractmethod

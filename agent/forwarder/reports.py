@@ -98,7 +98,7 @@ class Reports(LoopState):
                     continue
                 f = self._flight(topic, mid, v, settings)
                 f.sent_local_at = sent
-                self._report_failed(f, LOCAL, err, purge, msg.partition())
+                self._report_failed(f, LOCAL, err, purge)
         if delivered:
             lv.delivered += delivered
             if st.stuck is not None:
@@ -154,7 +154,7 @@ class Reports(LoopState):
                 continue
             if f.done:
                 continue
-            self._report_failed(f, cluster, err, purge, msg.partition())
+            self._report_failed(f, cluster, err, purge)
         lv.delivered += delivered
         for cluster in acked:
             self.clusters[cluster].health.acknowledged()

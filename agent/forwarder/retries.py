@@ -29,16 +29,10 @@ REPLACE_INTERVAL = 5.0
 
 class Retries(LoopState):
     def _report_failed(self, f: Flight, cluster: str, err: KafkaError,
-                       purge: set[tuple[str, str]], partition: int | None = None) -> None:
-        """A delivery report said ``f``'s send to ``cluster`` (``partition``) failed."""
+                       purge: set[tuple[str, str]]) -> None:
+        """A delivery report said ``f``'s send to ``cluster`` failed."""
         code = err.code()
-        # A send that timed out waiting for a broker out of this agent's reach (brokers.py)
-        # says nothing against the producer; a new one would only have to find a broker for
-        # its producer id again, maybe that very one, stalling every partition meanwhile.
-        stranded = (code == KafkaError._MSG_TIMED_OUT and partition is not None
-                    and self.clusters[cluster].out_of_reach(f.msg.topic, partition))
-        if err.fatal() or (f.settings.acks == "all" and code in STALE_PRODUCER
-                           and not stranded):
+        if err.fatal() or (f.settings.acks == "all" and code in STALE_PRODUCER):
             # An idempotent producer whose id the cluster forgot (e.g. a cluster rebuilt
             # from scratch) never recovers by itself: start a fresh one.
             self._replace_producer(cluster, f.settings.acks, err)

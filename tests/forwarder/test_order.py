@@ -110,9 +110,6 @@ class FakeCluster:
     def stranded(self) -> int:
         return 0
 
-    def out_of_reach(self, topic: str, partition: int) -> bool:
-        return False
-
     def unreachable_text(self) -> str:
         return ""
 
