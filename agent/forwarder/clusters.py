@@ -337,6 +337,11 @@ class Cluster:
             self._used.discard(topic)
             self._missing.discard(topic)
 
+    def has_missing(self) -> bool:
+        """Some topic looked up here is not in the cluster's metadata (read without the
+        lock: a set's truth is read whole)."""
+        return bool(self._missing)
+
     def known_missing(self, topic: str) -> bool:
         with self._lock:
             return topic in self._missing

@@ -106,6 +106,9 @@ class FakeCluster:
     def known_missing(self, topic: str) -> bool:
         return False
 
+    def has_missing(self) -> bool:
+        return False
+
     # Every broker reachable (agent/forwarder/brokers.py has its own tests).
     def stranded(self) -> int:
         return 0
