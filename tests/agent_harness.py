@@ -6,6 +6,7 @@ the whole group (ingest and forwarder processes), as systemd would kill its cgro
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -166,6 +167,23 @@ class AgentProcess:
             if int(fields[2]) == self.proc.pid:  # pgrp
                 total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
         return total / os.sysconf("SC_CLK_TCK")
+
+    def thread_cpu_seconds(self) -> dict[str, float]:
+        """CPU time so far per thread name (``comm``: librdkafka's ``rdk:broker1``, Python's
+        ``python``) over the agent's process group: where a CPU bound went, when it fails."""
+        assert self.proc is not None
+        tick = os.sysconf("SC_CLK_TCK")
+        out: dict[str, float] = collections.defaultdict(float)
+        for task in Path("/proc").glob("[0-9]*/task/[0-9]*/stat"):
+            try:
+                text = task.read_text()
+                name = text[text.index("(") + 1:text.rindex(")")]
+                fields = text.rsplit(")", 1)[1].split()
+            except (OSError, ValueError, IndexError):
+                continue  # exited meanwhile
+            if int(fields[2]) == self.proc.pid:
+                out[name] += (int(fields[11]) + int(fields[12])) / tick
+        return dict(out)
 
     def log_tail(self, lines: int = 60) -> str:
         try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -58,6 +59,22 @@ LIMITS_RETRY = 5.0
 # what is accepted and the topic's max.message.bytes what Kafka takes; librdkafka's check
 # must be neither, so it is set out of the way.
 MESSAGE_MAX_BYTES = 100 * 1024 * 1024
+# librdkafka's default request.timeout.ms: how long a broker may hold an acks=all produce
+# request waiting for its replicas.
+REQUEST_TIMEOUT_MS = 30_000
+
+
+def request_timeout_ms(fwd: ForwarderConfig) -> int:
+    """A produce request's timeout that ends before its messages' own timeout.
+
+    Kafka's Java producer refuses a ``delivery.timeout.ms`` under ``linger.ms +
+    request.timeout.ms``: a request the broker still holds when its messages time out (an
+    ``acks = "all"`` write waiting for replicas that no controller removes from the ISR) is
+    left with no verdict, and an idempotent producer must drain it before it bumps its epoch,
+    its broker thread busy meanwhile (librdkafka issues #2565, #3692). Ferry keeps the request
+    timeout inside the message timeout as Java does, which bounds that drain. A cluster's own
+    ``properties`` still override it."""
+    return max(1, min(REQUEST_TIMEOUT_MS, fwd.message_timeout_ms - math.ceil(fwd.linger_ms)))
 
 
 def producer_config(
@@ -82,6 +99,7 @@ def producer_config(
         # A message not acknowledged in this time is reported failed and Ferry re-sends it;
         # it never leaves the buffer unacknowledged.
         "message.timeout.ms": fwd.message_timeout_ms,
+        "request.timeout.ms": request_timeout_ms(fwd),
         "retry.backoff.ms": fwd.retry_backoff_ms,
         "retry.backoff.max.ms": fwd.retry_backoff_max_ms,
         "socket.keepalive.enable": True,

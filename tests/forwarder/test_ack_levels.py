@@ -66,3 +66,24 @@ def test_max_attempts_discards_into_the_log_after_that_many_failures(
         lines = [json.loads(x) for x in agent.config.discard_log_path.read_text().splitlines()]
         assert [(d["reason"], d["attempts"], d["topic"]) for d in lines] == [
             ("attempts", 2, unique_topic)]
+
+
+def test_a_produce_request_times_out_before_its_messages() -> None:
+    """request.timeout.ms stays within message.timeout.ms minus linger.ms (the Java producer's
+    rule): a request the broker still holds when its messages time out must be drained by an
+    idempotent producer, its broker thread busy (clusters.request_timeout_ms). librdkafka's
+    30 s default where the message timeout allows it; a cluster's own properties override it."""
+    cluster = KafkaClusterConfig(bootstrap_servers="127.0.0.1:1")
+
+    def timeout(**fwd: float) -> int:
+        return int(producer_config("local", "all", cluster, ForwarderConfig(**fwd))
+                   ["request.timeout.ms"])
+
+    assert timeout() == 30_000
+    assert timeout(message_timeout_ms=3000, linger_ms=1) == 2999
+    assert timeout(message_timeout_ms=3000, linger_ms=2.5) == 2997
+    assert timeout(message_timeout_ms=1000, linger_ms=5000) == 1
+    own = KafkaClusterConfig(bootstrap_servers="127.0.0.1:1",
+                             properties={"request.timeout.ms": 7000})
+    conf = producer_config("local", "leader", own, ForwarderConfig(message_timeout_ms=3000))
+    assert conf["request.timeout.ms"] == 7000
