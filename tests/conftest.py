@@ -27,6 +27,23 @@ from tests.filesystems import tmpfs  # noqa: E402
 from tests.kafka import Broker, TcpProxy, free_port, unique_topic_name  # noqa: E402
 
 # --------------------------------------------------------------------------------------------
+# Parallel runs: dev/test runs the suite on two pytest-xdist workers (--dist loadgroup)
+# --------------------------------------------------------------------------------------------
+
+# Folders whose tests share one costly thing a worker would otherwise make twice, or that two
+# workers must not make at once: the packages build.sh writes into dist/ and build/, and the
+# session's SparkSession. Each folder's tests run on one worker.
+ONE_WORKER = ("packaging", "spark")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = item.path.relative_to(REPO_ROOT / "tests").parts
+        if len(parts) > 1 and parts[0] in ONE_WORKER:
+            item.add_marker(pytest.mark.xdist_group(parts[0]))
+
+
+# --------------------------------------------------------------------------------------------
 # Kafka: real tansu brokers on 127.0.0.1 (memory storage; a restart empties them)
 # --------------------------------------------------------------------------------------------
 
