@@ -39,6 +39,7 @@ SHARED_FIXTURES = {"kafka_cluster": "kafka-pinned", "apache_kafka": "kafka-pinne
 ONE_WORKER = ("packaging", "spark")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         parts = item.path.relative_to(REPO_ROOT / "tests").parts
