@@ -27,35 +27,6 @@ from tests.filesystems import tmpfs  # noqa: E402
 from tests.kafka import Broker, TcpProxy, free_port, unique_topic_name  # noqa: E402
 
 # --------------------------------------------------------------------------------------------
-# Parallel runs: dev/test runs the suite on two pytest-xdist workers (--dist loadgroup)
-# --------------------------------------------------------------------------------------------
-
-# Tests that share one costly thing, which each worker would otherwise make for itself, run
-# on one worker: the session's Apache Kafka clusters (three JVMs each, busy even when idle:
-# a copy per worker took the 2-core host to a load of 30), the packages build.sh writes into
-# dist/ and build/ (one build at a time), and the SparkSession. Everything else is spread.
-SHARED_FIXTURES = {"kafka_cluster": "kafka-pinned", "apache_kafka": "kafka-pinned",
-                   "newest_kafka": "kafka-newest", "proxied_kafka": "kafka-proxied"}
-ONE_WORKER = ("packaging", "spark")
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        parts = item.path.relative_to(REPO_ROOT / "tests").parts
-        # A fixture named by a parameter is requested with getfixturevalue.
-        callspec = getattr(item, "callspec", None)
-        names = {*getattr(item, "fixturenames", ()),
-                 *(v for v in (callspec.params.values() if callspec else ())
-                   if isinstance(v, str))}
-        group = next((g for f, g in SHARED_FIXTURES.items() if f in names), None)
-        if group is None and len(parts) > 1 and parts[0] in ONE_WORKER:
-            group = parts[0]
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-
-
-# --------------------------------------------------------------------------------------------
 # Kafka: real tansu brokers on 127.0.0.1 (memory storage; a restart empties them)
 # --------------------------------------------------------------------------------------------
 
