@@ -17,10 +17,13 @@ from typing import Final, Literal
 
 Kind = Literal["rejected", "discarded", "quarantined"]
 
-# Plain str constants, not an Enum: the words travel as metric labels, sample keys, JSON and
-# log text, and are looked up in dicts keyed by the word. An Enum member hashes by its name,
-# not its value, so `counts[Reason.TTL]` would silently miss the entry stored under "ttl"
-# (and a str-mixin Enum formats differently across Python versions). A str is the word.
+# Plain str constants: the words travel as metric labels, sample keys, JSON and log text, and
+# are looked up in dicts keyed by the word. A plain Enum would not do: its member equals only
+# itself, so `counts[Reason.TTL]` would miss the entry stored under "ttl". A StrEnum would (it
+# hashes, compares, formats and serialises as its value on Python 3.11+), but it adds nothing
+# here: the names are already the only way code writes a reason, and tests/test_reasons.py
+# checks that, and the words stay str wherever they go (a member's repr, `<Reason.TTL:
+# 'ttl'>`, would otherwise show in `%r` log text). A str is the word.
 # A word used in two tables (too_large, corrupt, unencodable) is one constant: the same word
 # must mean the same thing to the reader wherever it shows.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from agent.buffer import keys
 from agent.buffer.store import Store, StoredMessage
+from agent.cli import replay as replay_module
 from agent.cli.main import main
 from agent.cli.replay import COUNT, INDEX, PREFIX, REMEMBER_DAYS, _ReplayLock, limit, prune
 from agent.cli.replay import replay as run_replay
@@ -319,3 +321,64 @@ def test_two_replays_at_once_are_refused(
     assert buffered(cfg) == []
     assert replay(cfg, log, capsys)[0] == 0
     assert buffered(cfg) == [b"a"]
+
+
+def _appending_after_the_check(monkeypatch: pytest.MonkeyPatch, log: Path,
+                               text: bytes) -> None:
+    """Append ``text`` to ``log`` once the run has checked the file, before it puts back
+    (``prune`` runs in between), as the forwarder appends to the live log."""
+    prune_first = replay_module.prune
+
+    def appending(store: Store, now_ms: int, **kwargs: int | None) -> int:
+        with log.open("ab") as f:
+            f.write(text)
+        return prune_first(store, now_ms, **kwargs)
+
+    monkeypatch.setattr(replay_module, "prune", appending)
+
+
+def test_lines_appended_after_the_check_wait_for_the_next_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = write_config(tmp_path, "127.0.0.1:1", http=False)
+    log = discard_log(tmp_path / "d.jsonl", [b"a", b"b"])
+    late = tmp_path / "late.jsonl"
+    DiscardLog(late).write([discard(b"c", 10)])
+    with monkeypatch.context() as m:
+        _appending_after_the_check(m, log, late.read_bytes())
+        assert replay(cfg, log, capsys) == (0, f"replayed 2 messages from {log} (2 lines)\n")
+    assert buffered(cfg) == [b"a", b"b"]  # only what was checked
+    assert replay(cfg, log, capsys) == (
+        0, f"replayed 1 messages from {log} (3 lines; 2 already replayed before, skipped)\n")
+    assert buffered(cfg) == [b"a", b"b", b"c"]
+
+
+def test_a_bad_line_appended_after_the_check_is_not_read_by_that_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = write_config(tmp_path, "127.0.0.1:1", http=False)
+    log = discard_log(tmp_path / "d.jsonl", [b"a", b"b"])
+    with monkeypatch.context() as m:
+        _appending_after_the_check(m, log, b"not json\n")
+        assert replay(cfg, log, capsys) == (0, f"replayed 2 messages from {log} (2 lines)\n")
+    assert buffered(cfg) == [b"a", b"b"]
+    code, out = replay(cfg, log, capsys)  # the next run checks it: refused, as any bad line
+    assert code == 1 and "d.jsonl:3: not a discard-log line" in out
+    assert buffered(cfg) == [b"a", b"b"]
+
+
+def test_a_file_cut_short_after_the_check_stops_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = write_config(tmp_path, "127.0.0.1:1", http=False)
+    log = discard_log(tmp_path / "d.jsonl", [b"a", b"b"])
+    prune_first = replay_module.prune
+
+    def truncating(store: Store, now_ms: int, **kwargs: int | None) -> int:
+        os.truncate(log, 0)
+        return prune_first(store, now_ms, **kwargs)
+
+    monkeypatch.setattr(replay_module, "prune", truncating)
+    code, out = replay(cfg, log, capsys)
+    assert code == 1 and "was cut short while being replayed" in out
+    assert buffered(cfg) == []

@@ -27,10 +27,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from agent.buffer.store import BufferFull, Store
 from agent.config import FerryConfig
-from agent.forwarder.discard_log import ReplayError, read_discards
+from agent.forwarder.discard_log import ReplayError, parse_discards
 from agent.records import REPLAYED, Record
 
 PREFIX = b"replay-id:"
@@ -71,18 +72,38 @@ def line_identity(raw: bytes) -> bytes:
     return hashlib.blake2b(repr(kept).encode(), digest_size=16).digest()
 
 
-def _with_identities(path: Path) -> Iterator[tuple[Record, bytes]]:
-    """The records of a discard log, each with its line's identity.
+def _upto(f: BinaryIO, end: int, path: Path) -> Iterator[bytes]:
+    """The lines of ``f`` from its start to byte ``end``, nothing written after that."""
+    f.seek(0)
+    pos = 0
+    while pos < end:
+        raw = f.readline(end - pos)
+        if not raw:
+            raise ReplayError(f"{path} was cut short while being replayed (at byte {pos}, "
+                              f"not {end})")
+        pos += len(raw)
+        yield raw
 
-    ``read_discards`` checks the line and builds the record; the identity needs the line's
-    own fields (a missing timestamp becomes "now" in the record, which would change the
-    digest on every run), so the raw line is read beside it, skipping to the same number.
+
+def _check(f: BinaryIO, path: Path) -> tuple[int, int]:
+    """Check every line of the open discard log, as far as it is written now; returns how
+    many lines it holds and where they end. Replay puts back those bytes and no others
+    (``_with_identities``): a line appended to a live log after the check waits for the
+    next run, checked by it."""
+    end = os.fstat(f.fileno()).st_size
+    lines = sum(1 for _ in parse_discards(_upto(f, end, path), path))
+    return lines, end
+
+
+def _with_identities(f: BinaryIO, path: Path, end: int) -> Iterator[tuple[Record, bytes]]:
+    """The records of the discard log's first ``end`` bytes, each with its line's identity.
+
+    The identity needs the line's own fields (a missing timestamp becomes "now" in the
+    record, which would change the digest on every run), so it is taken from the raw line
+    the record was built from.
     """
-    with path.open("rb") as f:
-        raw_lines = enumerate(f, 1)
-        for lineno, record in read_discards(path):
-            raw = next(text for n, text in raw_lines if n == lineno)
-            yield record, line_identity(raw)
+    for _, raw, record in parse_discards(_upto(f, end, path), path):
+        yield record, line_identity(raw)
 
 
 def _day_key(day: int, digest: bytes) -> bytes:
@@ -134,8 +155,18 @@ def _forget_day(store: Store, day: int) -> int:
 def replay(config: FerryConfig, path: Path, clock: Callable[[], float] = time.time) -> int:
     """Run ``ferry replay``: exit status 0, or 1 with a message on standard error."""
     try:
+        f = path.open("rb")
+    except OSError as exc:
+        print(f"ferry replay: {exc}; nothing was put back", file=sys.stderr)
+        return 1
+    with f:
+        return _replay(config, path, f, clock)
+
+
+def _replay(config: FerryConfig, path: Path, f: BinaryIO, clock: Callable[[], float]) -> int:
+    try:
         # Check the whole file first, so a bad line puts nothing back (all or nothing).
-        lines = sum(1 for _ in read_discards(path))
+        lines, end = _check(f, path)
     except (ReplayError, OSError) as exc:
         print(f"ferry replay: {exc}; nothing was put back", file=sys.stderr)
         return 1
@@ -150,7 +181,7 @@ def replay(config: FerryConfig, path: Path, clock: Callable[[], float] = time.ti
             day = now_ms // _DAY_MS
             batch: list[Record] = []
             puts: dict[bytes, bytes] = {}
-            for record, digest in _with_identities(path):
+            for record, digest in _with_identities(f, path, end):
                 key = PREFIX + digest
                 if key in puts:
                     repeated += 1

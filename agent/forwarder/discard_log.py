@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,36 +156,47 @@ class ReplayError(ValueError):
 def read_discards(path: Path) -> Iterator[tuple[int, Record]]:
     """Records of a discard log, with their line numbers; raises ReplayError on a bad line."""
     with path.open("rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            try:
-                doc = json.loads(raw)
-                if doc.get("value") is None:
-                    raise ReplayError(f"line {lineno}: no decodable message (reason "
-                                      f"{doc.get('reason')!r}); it cannot be replayed")
-                key = doc.get("key")
-                topic = doc["topic"]
-                pk = doc.get("partition_key")
-                ts = doc.get("timestamp_ms")
-                if not is_legal_topic(topic):
-                    raise ValueError(f"{topic!r} is not a legal topic name")
-                if pk is not None and (type(pk) is not int or not -(2**31) <= pk < 2**31):
-                    raise ValueError(f"partition_key {pk!r} is not a 32-bit integer")
-                if ts is not None and (type(ts) is not int or not -(2**63) <= ts < 2**63):
-                    raise ValueError(f"timestamp_ms {ts!r} is not a 64-bit integer")
-                yield lineno, Record(
-                    topic=str(doc["topic"]),
-                    value=base64.b64decode(doc["value"], validate=True),
-                    key=base64.b64decode(key, validate=True) if key is not None else None,
-                    partition_key=doc.get("partition_key"),
-                    timestamp_ms=int(time.time() * 1000 if doc.get("timestamp_ms") is None
-                                     else doc["timestamp_ms"]),
-                    headers=tuple((str(n), base64.b64decode(v)) for n, v in
-                                  doc.get("headers") or ()),
-                    hash_key=bool(doc.get("hash_key", False)),
-                )
-            except ReplayError:
-                raise
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise ReplayError(f"{path}:{lineno}: not a discard-log line: {exc}") from None
+        for lineno, _, record in parse_discards(f, path):
+            yield lineno, record
+
+
+def parse_discards(lines: Iterable[bytes], path: Path) -> Iterator[tuple[int, bytes, Record]]:
+    """The records of a discard log's ``lines`` (read from ``path``, named in errors), each
+    with its line number and the line itself; raises ReplayError on a bad line."""
+    for lineno, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        yield lineno, raw, _record(raw, lineno, path)
+
+
+def _record(raw: bytes, lineno: int, path: Path) -> Record:
+    try:
+        doc = json.loads(raw)
+        if doc.get("value") is None:
+            raise ReplayError(f"line {lineno}: no decodable message (reason "
+                              f"{doc.get('reason')!r}); it cannot be replayed")
+        key = doc.get("key")
+        topic = doc["topic"]
+        pk = doc.get("partition_key")
+        ts = doc.get("timestamp_ms")
+        if not is_legal_topic(topic):
+            raise ValueError(f"{topic!r} is not a legal topic name")
+        if pk is not None and (type(pk) is not int or not -(2**31) <= pk < 2**31):
+            raise ValueError(f"partition_key {pk!r} is not a 32-bit integer")
+        if ts is not None and (type(ts) is not int or not -(2**63) <= ts < 2**63):
+            raise ValueError(f"timestamp_ms {ts!r} is not a 64-bit integer")
+        return Record(
+            topic=str(doc["topic"]),
+            value=base64.b64decode(doc["value"], validate=True),
+            key=base64.b64decode(key, validate=True) if key is not None else None,
+            partition_key=doc.get("partition_key"),
+            timestamp_ms=int(time.time() * 1000 if doc.get("timestamp_ms") is None
+                             else doc["timestamp_ms"]),
+            headers=tuple((str(n), base64.b64decode(v)) for n, v in
+                          doc.get("headers") or ()),
+            hash_key=bool(doc.get("hash_key", False)),
+        )
+    except ReplayError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ReplayError(f"{path}:{lineno}: not a discard-log line: {exc}") from None

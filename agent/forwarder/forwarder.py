@@ -19,7 +19,7 @@ from typing import Any
 from agent.buffer.store import Store
 from agent.config import FerryConfig, TopicConfig
 from agent.forwarder.cluster_watch import ClusterWatch
-from agent.forwarder.clusters import Cluster, producer_config
+from agent.forwarder.clusters import Cluster, producer_config, wait_for_reports
 from agent.forwarder.discard_log import DiscardLog
 from agent.forwarder.flight import LOCAL, REMOTE
 from agent.forwarder.leaving import Leaving
@@ -55,9 +55,10 @@ DELETE_BATCH_MESSAGES = 2000
 # The idle loop waits IDLE_WAIT for a delivery report (or a commit) before its next step, and
 # QUIET_WAIT once nothing happened for QUIET_AFTER: 500 steps a second, each walking the
 # topics and the clusters, cost 6-7 % of a core with nothing to do (an idle agent, or one
-# waiting out an outage with its sends in flight for minutes). A commit, and a report of the
-# first producer, still end the wait at once; what else a step does (retries due after
-# their back-off, the batched delete, gauges, the clusters' states) can wait 50 ms.
+# waiting out an outage with its sends in flight for minutes). A commit, and a report of any
+# producer of any cluster (within clusters.WAIT_ROUND when there are several), still end the
+# wait; what else a step does (retries due after their back-off, the batched delete, gauges,
+# the clusters' states) can wait 50 ms.
 IDLE_WAIT = 0.002
 QUIET_AFTER = 0.5
 QUIET_WAIT = 0.05
@@ -180,7 +181,8 @@ class Forwarder(Reading, Routing, Sending, Reports, Retries, StuckTopics, Leavin
                 for st in self._topics.values():
                     st.drained_at = 0.0
             return
-        if not any(c.wait(timeout) for c in self.clusters.values()):
+        producers = [p for c in self.clusters.values() for p in c.producers()]
+        if not wait_for_reports(producers, timeout):
             time.sleep(timeout)  # nothing to wait on yet; bounded idle pause
 
     def _poll(self) -> None:

@@ -141,9 +141,8 @@ class FakeCluster:
     def outstanding(self) -> int:
         return len(self.p)
 
-    def wait(self, timeout: float) -> bool:
-        self.p.poll(timeout)
-        return True
+    def producers(self) -> list[FakeProducer]:
+        return [self.p]
 
     def forget(self, topic: str) -> None:
         pass
