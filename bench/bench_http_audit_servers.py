@@ -3,10 +3,11 @@
     .venv/bin/python bench/bench_http_audit_servers.py
         [--candidates ferry,granian-rsgi,granian-asgi,hypercorn] [--cases N1a,N2,...]
 
-Each candidate serves a real Store and Committer (no forwarder: a publish is 202 once
-fsynced) in a process of its own, with Ferry's default HTTP settings where the server has
-an equivalent (bench/http_candidates/: header deadline, keep-alive, header size; gzip bodies
-decoded with Ferry's own stepping decoder, gzip_front.py), a management token, and
+Each case runs against a fresh server: the candidate serving a real Store and Committer
+(no forwarder: a publish is 202 once fsynced) in a process of its own, with Ferry's default
+HTTP settings where the server has an equivalent (bench/http_candidates/: header deadline,
+keep-alive, header size; gzip bodies decoded with Ferry's own stepping decoder,
+gzip_front.py), a management token, and
 ``X-Trace`` allow-listed as a Kafka header. The cases are sent from raw sockets in this
 process; for each the server process's cost is read from /proc: CPU seconds (all its
 threads, granian's Rust ones included), peak RSS growth (sampled every 20 ms), its sockets
@@ -626,20 +627,17 @@ def main() -> None:
         cert = CertificateAuthority(Path(tmp) / "pki").issue("server", server=True)
         files = (str(cert.cert), str(cert.key))
         for candidate in candidates:
-            for tls in (False, True):
-                wanted = [n for n in names if n.startswith("N7") == tls]
-                if not wanted:
-                    continue
-                root = Path(tmp) / f"{candidate}{'-tls' if tls else ''}"
+            for name in names:  # a fresh server each: what a case leaves behind stays there
+                tls = name.startswith("N7")
+                root = Path(tmp) / f"{candidate}-{name}"
                 root.mkdir()
                 target = start(ctx, candidate, root, files if tls else None)
                 try:
-                    for name in wanted:
-                        row = {"server": candidate, **run_case(target, name)}
-                        rows.append(row)
-                        print(json.dumps(row), flush=True)
+                    row = {"server": candidate, **run_case(target, name)}
                 finally:
                     stop(target)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     report(rows, candidates, names)
 
 
