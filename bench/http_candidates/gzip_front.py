@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from agent import reasons
 from agent.ingest.http.errors import HttpError
 from agent.ingest.http.gunzip import GzipBody
 from agent.ingest.http.routing import publish_target
@@ -53,7 +54,7 @@ class GzipFront:
         limit = self.publisher.body_limit(topic, batch)
         try:
             if encoding not in GZIP:
-                raise HttpError(415, "unsupported_content_encoding",
+                raise HttpError(415, reasons.UNSUPPORTED_CONTENT_ENCODING,
                                 f"Content-Encoding {encoding!r} is not supported")
             parts: list[bytes] = []
             size = 0
@@ -63,7 +64,9 @@ class GzipFront:
                     return
                 size += len(message.get("body", b""))
                 if size > max(limit, 1024) * 4:
-                    raise HttpError(413, "too_large", "the encoded body is over the limit")
+                    # Ferry bounds the encoded body by the body budget; four times the
+                    # decoded limit stands in for it here.
+                    raise HttpError(413, reasons.TOO_LARGE, "the encoded body is too large")
                 parts.append(message.get("body", b""))
                 if not message.get("more_body", False):
                     break
