@@ -17,7 +17,8 @@ from pathlib import Path
 sys.path.insert(0, ".")
 
 from tests.http.harness import Served, make_config, start  # noqa: E402
-from tests.http.test_resources import _exchange, _Probe, _status  # noqa: E402
+from tests.http.raw import status as _status  # noqa: E402
+from tests.http.test_resources import _exchange, _Probe  # noqa: E402
 
 
 def _peak_rss_mib() -> int:

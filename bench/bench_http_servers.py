@@ -1,7 +1,8 @@
-"""Issue #29: Ferry's own HTTP protocol against granian, side by side, in one run.
+"""Issues #29, #37: Ferry's own HTTP protocol against granian and hypercorn, side by side.
 
     .venv/bin/python bench/bench_http_servers.py [--seconds 10] [--connections 50,200]
-        [--rounds 2] [--modes 202,201] [--candidates ferry,granian-rsgi,granian-asgi]
+        [--rounds 2] [--modes 202,201]
+        [--candidates ferry,granian-rsgi,granian-asgi,hypercorn]
         [--size 200] [--dir PATH]
 
 Each candidate is a whole agent in its own process (``Agent``: buffer, group committer,
@@ -12,6 +13,8 @@ forwarder process, one tansu broker for all), differing only in its HTTP stage:
 - ``granian-rsgi``: granian's embedded server on the agent's own uvloop thread, an RSGI
   adapter handing each publish to ``Publisher.direct`` (bench/http_candidates/);
 - ``granian-asgi``: the same server serving the ``FerryApp`` over ASGI (``Publisher.__call__``);
+- ``hypercorn``: hypercorn (h11) on the agent's own uvloop thread, serving the ``FerryApp``
+  over ASGI (issue #37);
 - ``ferry-https`` (not run unless named): today's front door over its HTTPS listener
   (``http.tls_listen``, a test CA's certificate, no client certificate), what TLS costs;
 
@@ -54,7 +57,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-CANDIDATES = ("ferry", "granian-rsgi", "granian-asgi")
+CANDIDATES = ("ferry", "granian-rsgi", "granian-asgi", "hypercorn")
 HTTPS = "ferry-https"  # Ferry's own protocol over TLS: a mode of the same front door
 NULL = "do-nothing"
 _CONTENT_LENGTH = re.compile(rb"content-length: *(\d+)", re.IGNORECASE)
@@ -68,7 +71,11 @@ def agent_main(config_path: str, candidate: str, conn: Connection) -> None:
     from agent.daemon.agent import Agent
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if candidate not in ("ferry", HTTPS):
+    if candidate == "hypercorn":
+        from http_candidates.hypercorn_stage import HypercornStage
+
+        daemon._http_stage = HypercornStage
+    elif candidate not in ("ferry", HTTPS):
         from http_candidates.granian_stage import GranianStage
 
         interface = candidate.split("-", 1)[1]

@@ -7,9 +7,11 @@ runs a uvloop event loop, and granian's embedded ``Server`` serves on it, so the
 - ``rsgi``: ``RsgiPublish``, a thin RSGI adapter: a ``POST /topics/{topic}[/batch]`` reads
   its whole body (``await proto()``) and goes to ``Publisher.direct``, whose reply callback
   writes the answer with ``proto.response_bytes``; any other route is 404 here (the
-  benchmark publishes only).
+  benchmark publishes only); a gzip body is decoded first (gzip_front.py).
 - ``asgi``: the ``FerryApp`` itself (publishing through ``Publisher.__call__``, everything
-  else through Starlette), on granian's ASGI interface without lifespan.
+  else through Starlette) behind ``GzipFront``, on granian's ASGI interface without lifespan.
+
+``tls`` (certificate and key files) serves HTTPS instead of plain HTTP on the same port.
 
 Granian's HTTP/1 settings stand in for Ferry's limits where it has one (header read
 timeout, buffer size); the benchmark does not need the rest.
@@ -20,11 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from pathlib import Path
 from typing import Any
 
 from agent.ingest.http.app import FerryApp, create_app
+from agent.ingest.http.errors import HttpError
 from agent.ingest.http.publish import Headers, header_pairs
 from agent.ingest.runtime import Runtime
+from http_candidates.gzip_front import GZIP, GzipFront, decode
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +54,17 @@ class RsgiPublish:
         body = await proto()
         headers = [(k.encode("latin-1"), v.encode("latin-1"))
                    for k, v in scope.headers.items()]
+        encoding = scope.headers.get("content-encoding")
+        if encoding is not None and encoding.lower().encode() in GZIP:
+            try:
+                body = await decode(body, self.publisher.body_limit(topic, batch))
+            except HttpError as exc:
+                answer = exc.body()
+                proto.response_bytes(exc.status, [("content-type", "application/json")],
+                                     answer)
+                return
+            headers = [(k, v) for k, v in headers
+                       if k not in (b"content-encoding", b"content-length")]
         answered: asyncio.Future[tuple[int, Headers, bytes]] = (
             asyncio.get_running_loop().create_future())
 
@@ -78,8 +94,10 @@ def _publish_target(method: str, path: str) -> tuple[str, bool] | None:
 class GranianStage:
     """The agent's HTTP stage on granian: ``interface`` is ``"rsgi"`` or ``"asgi"``."""
 
-    def __init__(self, runtime: Runtime, interface: str = "rsgi") -> None:
+    def __init__(self, runtime: Runtime, interface: str = "rsgi",
+                 tls: tuple[str, str] | None = None) -> None:
         self.runtime = runtime
+        self.tls = tls
         self.app = create_app(runtime)
         self.interface = interface
         self.host, self.port = runtime.config.http.host, runtime.config.http.port
@@ -114,12 +132,13 @@ class GranianStage:
             log.exception("granian stopped with an error")
 
     async def _serve(self) -> None:
-        from granian.constants import Interfaces
+        from granian.constants import Interfaces, SSLProtocols
         from granian.http import HTTP1Settings
         from granian.server.embed import Server
 
         self._loop = asyncio.get_running_loop()
-        target: Any = RsgiPublish(self.app) if self.interface == "rsgi" else self.app
+        target: Any = (RsgiPublish(self.app) if self.interface == "rsgi"
+                       else GzipFront(self.app))
         interface = Interfaces.RSGI if self.interface == "rsgi" else Interfaces.ASGINL
         cfg = self.runtime.config.http
         self._server = Server(
@@ -127,7 +146,9 @@ class GranianStage:
             backlog=2048, log_enabled=False, websockets=False,
             http1_settings=HTTP1Settings(
                 header_read_timeout=int(cfg.header_timeout_seconds * 1000),
-                max_buffer_size=cfg.max_header_bytes + 4096))
+                max_buffer_size=cfg.max_header_bytes + 4096),
+            **({"ssl_cert": Path(self.tls[0]), "ssl_key": Path(self.tls[1]),
+                "ssl_protocol_min": SSLProtocols.tls12} if self.tls else {}))
         serving = asyncio.ensure_future(self._server.serve())
         # serve() binds before it awaits anything long: wait until the port answers.
         while not await _accepts(self.host, self.port):

@@ -1,7 +1,8 @@
 """Issue #29's audit cases, sent on raw sockets to each candidate front door: what it answers
 and what the buffer holds afterwards.
 
-    .venv/bin/python bench/http_candidates/probe.py [--candidates ferry,granian-rsgi,granian-asgi]
+    .venv/bin/python bench/http_candidates/probe.py
+        [--candidates ferry,granian-rsgi,granian-asgi,hypercorn]
 
 Each candidate serves a real Store and Committer (no forwarder: every publish is 202 once
 fsynced) with a 3 s header deadline. The cases are those of tests/http/test_conformance.py;
@@ -64,6 +65,10 @@ class Target:
             from agent.ingest.http.server import HttpServer
 
             self.stage = HttpServer(runtime, create_app(runtime))
+        elif candidate == "hypercorn":
+            from http_candidates.hypercorn_stage import HypercornStage
+
+            self.stage = HypercornStage(runtime)
         else:
             from http_candidates.granian_stage import GranianStage
 
@@ -195,7 +200,7 @@ def cases() -> list[tuple[str, str, str, Callable[[Target], str]]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--candidates", default="ferry,granian-rsgi,granian-asgi")
+    ap.add_argument("--candidates", default="ferry,granian-rsgi,granian-asgi,hypercorn")
     args = ap.parse_args()
     for candidate in args.candidates.split(","):
         target = Target(candidate)
