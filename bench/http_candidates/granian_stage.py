@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from pathlib import Path
 from typing import Any
 
-from agent.ingest.http.app import FerryApp, create_app
+from agent.ingest.http.app import FerryApp
 from agent.ingest.http.errors import HttpError
 from agent.ingest.http.publish import Headers, header_pairs
 from agent.ingest.runtime import Runtime
+from http_candidates.embedded import EmbeddedStage
 from http_candidates.gzip_front import GZIP, GzipFront, decode
 
 log = logging.getLogger(__name__)
@@ -91,52 +91,22 @@ def _publish_target(method: str, path: str) -> tuple[str, bool] | None:
     return None
 
 
-class GranianStage:
+class GranianStage(EmbeddedStage):
     """The agent's HTTP stage on granian: ``interface`` is ``"rsgi"`` or ``"asgi"``."""
+
+    NAME = "granian"
 
     def __init__(self, runtime: Runtime, interface: str = "rsgi",
                  tls: tuple[str, str] | None = None) -> None:
-        self.runtime = runtime
-        self.tls = tls
-        self.app = create_app(runtime)
+        super().__init__(runtime, tls)
         self.interface = interface
-        self.host, self.port = runtime.config.http.host, runtime.config.http.port
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._server: Any = None
-        self._serving = threading.Event()
-        self._error: BaseException | None = None
-
-    def start(self) -> None:
-        # The same process-wide tuning HttpServer.start() makes, so the comparison is of
-        # the servers alone: the GIL switch interval lowered for the writer thread's sake,
-        # the startup heap frozen out of garbage collections (agent/ingest/http/server.py).
-        from agent.ingest.gil import SWITCH_INTERVAL, lower_switch_interval
-        from agent.ingest.http.server import GC_GEN0_THRESHOLD
-        from agent.process.gc_tuning import freeze_startup_heap
-
-        lower_switch_interval(SWITCH_INTERVAL)
-        freeze_startup_heap(GC_GEN0_THRESHOLD)
-        self._thread = threading.Thread(target=self._run, name="http-granian", daemon=True)
-        self._thread.start()
-        if not self._serving.wait(30):
-            raise RuntimeError(f"granian did not start: {self._error!r}")
-
-    def _run(self) -> None:
-        import uvloop
-
-        try:
-            uvloop.run(self._serve())
-        except BaseException as exc:  # noqa: BLE001 - reported by start()
-            self._error = exc
-            log.exception("granian stopped with an error")
 
     async def _serve(self) -> None:
         from granian.constants import Interfaces, SSLProtocols
         from granian.http import HTTP1Settings
         from granian.server.embed import Server
 
-        self._loop = asyncio.get_running_loop()
         target: Any = (RsgiPublish(self.app) if self.interface == "rsgi"
                        else GzipFront(self.app))
         interface = Interfaces.RSGI if self.interface == "rsgi" else Interfaces.ASGINL
@@ -149,29 +119,9 @@ class GranianStage:
                 max_buffer_size=cfg.max_header_bytes + 4096),
             **({"ssl_cert": Path(self.tls[0]), "ssl_key": Path(self.tls[1]),
                 "ssl_protocol_min": SSLProtocols.tls12} if self.tls else {}))
-        serving = asyncio.ensure_future(self._server.serve())
         # serve() binds before it awaits anything long: wait until the port answers.
-        while not await _accepts(self.host, self.port):
-            if serving.done():
-                serving.result()
-            await asyncio.sleep(0.05)
-        self._serving.set()
-        await serving
+        await self._until_up(asyncio.ensure_future(self._server.serve()))
 
-    def stop(self, timeout: float | None = None) -> None:
-        loop, server, thread = self._loop, self._server, self._thread
-        if loop is None or server is None or thread is None:
-            return
-        self.app.drain()
-        loop.call_soon_threadsafe(server.stop)
-        thread.join(timeout or 15.0)
-        self.app.close()
-
-
-async def _accepts(host: str, port: int) -> bool:
-    try:
-        _, writer = await asyncio.open_connection(host, port)
-    except OSError:
-        return False
-    writer.close()
-    return True
+    def _end_serving(self) -> None:
+        if self._server is not None:
+            self._server.stop()
