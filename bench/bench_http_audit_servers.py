@@ -587,8 +587,7 @@ def stop(target: Target) -> None:
 
 def run_case(target: Target, name: str) -> dict[str, Any]:
     description, run = CASES[name]
-    with Probe(target) as probe:
-        time.sleep(0.2)
+    with Probe(target) as probe:  # back once the server has answered the probe
         idle = sockets(target.pid)
         cpu0 = cpu_seconds(target.pid)
         with Sampler(target.pid) as sampler:

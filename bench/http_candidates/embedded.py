@@ -8,6 +8,7 @@ server task exists) and ends that serving in ``_end_serving()``, on the loop.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 import threading
@@ -19,7 +20,7 @@ from agent.ingest.runtime import Runtime
 log = logging.getLogger(__name__)
 
 
-class EmbeddedStage:
+class EmbeddedStage(abc.ABC):
     NAME = "candidate"
 
     def __init__(self, runtime: Runtime, tls: tuple[str, str] | None = None) -> None:
@@ -57,8 +58,9 @@ class EmbeddedStage:
             self._error = exc
             log.exception("%s stopped with an error", self.NAME)
 
+    @abc.abstractmethod
     async def _serve(self) -> None:
-        raise NotImplementedError
+        """Run the candidate server on this loop until ``_end_serving``."""
 
     async def _until_up(self, serving: asyncio.Future[Any]) -> None:
         """Wait until the port answers (or the server failed), then serve until it ends."""
@@ -70,8 +72,9 @@ class EmbeddedStage:
         self._serving.set()
         await serving
 
+    @abc.abstractmethod
     def _end_serving(self) -> None:
-        raise NotImplementedError
+        """Make ``_serve`` return (called on the loop)."""
 
     def stop(self, timeout: float | None = None) -> None:
         loop, thread = self._loop, self._thread
