@@ -976,4 +976,4 @@ class ExactlyOnce:
 
     def stats(self) -> dict[str, Any]:
         return {"identity": self.identity, "fenced": self._fenced,
-                "ready": self._producer is not None}
+                "ready": self._producer is not None, "closed_idle": self._parked}
