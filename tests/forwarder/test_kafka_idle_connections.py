@@ -201,6 +201,11 @@ def test_an_idle_agent_holds_one_connection_per_broker_and_delivers_after_idling
 # connection is closed and opened again while the agent idles, as with the default 30 s.
 REQUESTS_IDLE_SECONDS = 12.0
 REQUESTS_WINDOW = 30.0  # seconds of idling whose requests are counted
+OUTAGE_AFTER = 2.0  # write_config's outage_after_seconds
+PROBE_INTERVAL = 2.0  # the default probe_interval_seconds
+# The verdict reaches /status through the forwarder's metrics snapshots and this test's
+# polling, on a shared, loaded host (as in test_cluster_state.py).
+SLACK = 3.0
 API_NAMES = {0: "Produce", 3: "Metadata", 10: "FindCoordinator", 18: "ApiVersions",
              22: "InitProducerId", 24: "AddPartitionsToTxn", 26: "EndTxn", 32: "DescribeConfigs"}
 
@@ -217,7 +222,7 @@ def test_an_idle_agent_sends_a_probe_and_a_metadata_refresh_and_little_else(
         proxied_kafka.create_topic(topic, 1)
     proxies = [proxied_kafka.proxy(node.node_id) for node in proxied_kafka.nodes]
     config = write_config(
-        tmp_path, proxied_kafka.proxied_bootstrap,
+        tmp_path, proxied_kafka.proxied_bootstrap, outage_after_seconds=OUTAGE_AFTER,
         cluster={"idle_connection_seconds": REQUESTS_IDLE_SECONDS},
         forwarder={"agent_id": f"idle-req-{unique_topic}"[:200],
                    "progress_topic": f"{unique_topic}-progress"},
@@ -251,8 +256,27 @@ def test_an_idle_agent_sends_a_probe_and_a_metadata_refresh_and_little_else(
         elapsed = time.monotonic() - started
         after, idle = counts(), sum(p.active_connections for p in proxies)
         opened = sum(p.connections_accepted for p in proxies) - accepted
-        state = next(c for c in agent.get_json("/status/clusters")["clusters"]
-                     if c["name"] == "local")["state"]
+
+        def state_now() -> str:
+            return str(next(c for c in agent.get_json("/status/clusters")["clusters"]
+                            if c["name"] == "local")["state"])
+
+        state = state_now()
+        # As truthful as before: the idle agent's cluster cut off (a blackhole: no answer on
+        # open and new connections), with no traffic, is down within outage_after_seconds
+        # and a probe period of the first failed probe, which fails at its timeout (one more
+        # probe period) after the cut.
+        cut = time.monotonic()
+        for proxy in proxies:
+            proxy.blackhole()
+        try:
+            wait_until(lambda: state_now() == "down",
+                       timeout=OUTAGE_AFTER + 2 * PROBE_INTERVAL + SLACK, interval=0.2,
+                       message="the cut-off cluster down")
+            down_after = time.monotonic() - cut
+        finally:
+            for proxy in proxies:
+                proxy.restore()
 
     sent = {key: after.get(key, 0) - before.get(key, 0) for key in after}
     per_second = sum(sent.values()) / elapsed
@@ -260,7 +284,9 @@ def test_an_idle_agent_sends_a_probe_and_a_metadata_refresh_and_little_else(
                        for (api, client), n in sorted(sent.items()) if n)
     print(f"\nFIGURES idle requests: {per_second:.2f}/s over {elapsed:.0f} s ({detail}); "
           f"connections busy {busy}, idle {idle}, {opened} opened while idle "
-          f"(idle_connection_seconds {REQUESTS_IDLE_SECONDS:g}); cluster {state}")
+          f"(idle_connection_seconds {REQUESTS_IDLE_SECONDS:g}); cluster {state}, down "
+          f"{down_after:.1f} s after it was cut off (bound "
+          f"{OUTAGE_AFTER + 2 * PROBE_INTERVAL + SLACK:g} s)")
     assert idle <= len(proxies)
     assert opened == 0
     assert state == "up"
