@@ -121,8 +121,9 @@ def test_an_idle_agent_holds_one_connection_per_broker_and_delivers_after_idling
         busy = broker_connections(agent, ports)
         idle_from = time.monotonic()
 
-        # Idle: every connection but the probe's (and what librdkafka keeps for the
-        # transactional producer's coordinator) closes after IDLE_SECONDS.
+        # Idle: after IDLE_SECONDS every connection closes but one per client (librdkafka
+        # keeps one: the probe's admin client's and the acks=all producer's), and the
+        # transactional producer is closed (docs/design.md, "Connections").
         last: list[list[tuple[int, int]]] = []
 
         def closed() -> bool:
