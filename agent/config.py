@@ -227,6 +227,11 @@ class KafkaClusterConfig(_Section):
     outage_after_seconds: float = Field(default=10.0, gt=0)
     # How often the forwarder asks the cluster for its metadata, with or without traffic.
     probe_interval_seconds: float = Field(default=2.0, gt=0, le=300, allow_inf_nan=False)
+    # A connection to the cluster that carried nothing for this long is closed (librdkafka's
+    # connections.max.idle.ms on every client); the next request opens it again. 0: never.
+    # An idle agent keeps only the probe's connection (docs/design.md, "Connections").
+    idle_connection_seconds: float = Field(default=30.0, ge=0, le=86_400,
+                                           allow_inf_nan=False)
 
 
 class KafkaConfig(_Section):

@@ -55,9 +55,11 @@ def write_config(
     forwarder: dict[str, Any] | None = None,
     extra: str = "",
     outage_after_seconds: float = 2.0,
+    cluster: dict[str, Any] | None = None,
 ) -> Path:
     """A config for an agent whose state lives under ``root``; returns the file's path.
-    ``http``: False for no HTTP listener, or settings of ``[http]`` beside its listener."""
+    ``http``: False for no HTTP listener, or settings of ``[http]`` beside its listener.
+    ``cluster``: more settings of ``[kafka.local]`` (and ``[kafka.remote]``)."""
     root.mkdir(parents=True, exist_ok=True)
     sections: dict[str, dict[str, Any]] = {
         "buffer": {"path": root / "buffer", "max_bytes": 256 * 1024 * 1024, **(buffer or {})},
@@ -66,12 +68,13 @@ def write_config(
                  **(http if isinstance(http, dict) else {})},
         "spool": {"dirs": [root / "spool"] if spool else []},
         "kafka.local": {"bootstrap_servers": bootstrap,
-                        "outage_after_seconds": outage_after_seconds},
+                        "outage_after_seconds": outage_after_seconds, **(cluster or {})},
         "forwarder": {"linger_ms": 1, **(forwarder or {})},
     }
     if remote_bootstrap:
         sections["kafka.remote"] = {"bootstrap_servers": remote_bootstrap,
-                                    "outage_after_seconds": outage_after_seconds}
+                                    "outage_after_seconds": outage_after_seconds,
+                                    **(cluster or {})}
     for name, settings in (topics or {}).items():
         sections[f'topics."{name}"' if name != "default" else "topics.default"] = settings
     lines = []

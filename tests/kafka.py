@@ -35,7 +35,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -579,6 +579,40 @@ def _close_hard(sock: socket.socket) -> None:
     sock.close()
 
 
+@dataclass
+class _RequestFrames:
+    """Where one client's byte stream stands among its Kafka requests. Each request is a
+    4-byte size, then its header: int16 api_key, int16 api_version, int32 correlation_id,
+    then the client id (int16 length, -1 for none, and its bytes)."""
+
+    head: bytearray = field(default_factory=bytearray)  # the request's first bytes so far
+    skip: int = 0  # bytes of the current request still to pass
+
+    def feed(self, data: bytes, counts: dict[tuple[int, str], int]) -> None:
+        at, end = 0, len(data)
+        while at < end:
+            if self.skip:
+                step = min(self.skip, end - at)
+                self.skip -= step
+                at += step
+                continue
+            # The size, api_key, api_version, correlation_id and the client id's length;
+            # then the client id itself.
+            want = 14 + (max(struct.unpack_from(">h", self.head, 12)[0], 0)
+                         if len(self.head) >= 14 else 0)
+            take = min(want - len(self.head), end - at)
+            self.head += data[at:at + take]
+            at += take
+            if len(self.head) < 14 or len(self.head) < 14 + max(
+                    struct.unpack_from(">h", self.head, 12)[0], 0):
+                continue  # more of the header to come
+            size, api_key = struct.unpack_from(">ih", self.head)
+            client = self.head[14:].decode(errors="replace")
+            counts[api_key, client] = counts.get((api_key, client), 0) + 1
+            self.skip = max(size + 4 - len(self.head), 0)
+            self.head.clear()
+
+
 @dataclass(eq=False)
 class _Pipe:
     """One client connection and its upstream connection to the target."""
@@ -589,6 +623,7 @@ class _Pipe:
     to_upstream: bytearray
     # Bytes were dropped (blackhole), so the Kafka byte stream is broken: close on restore.
     tainted: bool = False
+    requests: _RequestFrames = field(default_factory=_RequestFrames)
 
     def outbox(self, sock: socket.socket) -> bytearray:
         return self.to_client if sock is self.client else self.to_upstream
@@ -625,6 +660,10 @@ class TcpProxy:
         self.connections_accepted = 0
         self.bytes_forwarded = 0
         self.bytes_dropped = 0
+        # Kafka requests forwarded from clients, by api_key (0 Produce, 3 Metadata, 18
+        # ApiVersions, ...) and client id: read with request_counts(). Counted while
+        # forwarding only.
+        self._requests: dict[tuple[int, str], int] = {}
         self._mode: ProxyMode = "forward"
         self._pipes: set[_Pipe] = set()
         self._closed = False
@@ -651,6 +690,14 @@ class TcpProxy:
     @property
     def active_connections(self) -> int:
         return len(self._pipes)
+
+    def request_counts(self) -> dict[tuple[int, str], int]:
+        """The Kafka requests forwarded so far from clients, by (api_key, client id): a copy,
+        taken on the proxy's thread. Meaningful while every connection was forwarded from
+        its start."""
+        copy: dict[tuple[int, str], int] = {}
+        self._call(lambda: copy.update(self._requests))
+        return copy
 
     def blackhole(self) -> None:
         """Forward nothing and answer nothing, on open and new connections alike."""
@@ -834,6 +881,8 @@ class TcpProxy:
                 if self._mode in ("forward", "hold") and pipe.upstream is not None:
                     pipe.peer_outbox(sock).extend(data)
                     self.bytes_forwarded += len(data)
+                    if sock is pipe.client and not pipe.tainted:
+                        pipe.requests.feed(data, self._requests)
                 else:
                     self.bytes_dropped += len(data)
                     pipe.tainted = True

@@ -302,3 +302,26 @@ def test_artifacts_dir_is_an_empty_per_test_directory_under_test_artifacts(
     assert artifacts_dir.parent == repo_root / "test-artifacts"
     assert "test_artifacts_dir_is_an_empty" in artifacts_dir.name
     assert list(artifacts_dir.iterdir()) == []
+
+
+def test_request_frames_count_each_request_by_api_key_however_the_stream_is_cut() -> None:
+    """The counting proxy's parser: two Metadata requests (api_key 3) and a Produce (0) of
+    two clients, one with no client id, handed over one byte at a time, then in one piece."""
+    import struct
+
+    from tests.kafka import _RequestFrames
+
+    def request(api_key: int, client: bytes | None, body: bytes) -> bytes:
+        name = struct.pack(">h", -1) if client is None else struct.pack(">h", len(client)) + client
+        header = struct.pack(">hhi", api_key, 9, 7) + name + body
+        return struct.pack(">i", len(header)) + header
+
+    stream = (request(3, b"ferry-local-probe", b"m" * 40) + request(0, b"ferry-local-all",
+              b"p" * 1000) + request(3, None, b"") + request(3, b"ferry-local-probe", b""))
+    for pieces in ([stream[i:i + 1] for i in range(len(stream))], [stream]):
+        counts: dict[tuple[int, str], int] = {}
+        frames = _RequestFrames()
+        for piece in pieces:
+            frames.feed(piece, counts)
+        assert counts == {(3, "ferry-local-probe"): 2, (0, "ferry-local-all"): 1, (3, ""): 1}
+        assert frames.skip == 0 and not frames.head

@@ -14,9 +14,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
 
 from agent.config import ForwarderConfig, KafkaClusterConfig
 from agent.forwarder.brokers import STATS_INTERVAL_MS, BrokerWatch
+from agent.forwarder.connections import connection_config
 from agent.forwarder.health import ClusterHealth
 from agent.forwarder.partitioner import TopicLayout
 from agent.forwarder.probe import Probe
@@ -128,8 +130,8 @@ def producer_config(
     acks=1 without it, and are capped at one in-flight request per connection when ordering
     must survive retries.
     """
-    conf: dict[str, Any] = {
-        "bootstrap.servers": cluster.bootstrap_servers,
+    conf: dict[str, Any] = connection_config(cluster)
+    conf.update({
         "client.id": f"ferry-{name}-{acks}",
         "compression.type": fwd.compression,
         "linger.ms": fwd.linger_ms,
@@ -143,10 +145,7 @@ def producer_config(
         "request.timeout.ms": request_timeout_ms(fwd),
         "retry.backoff.ms": fwd.retry_backoff_ms,
         "retry.backoff.max.ms": fwd.retry_backoff_max_ms,
-        "socket.keepalive.enable": True,
-        # Come back within seconds of an outage ending (librdkafka's default backs off to 10 s).
-        "reconnect.backoff.max.ms": 2000,
-    }
+    })
     if acks == "all":
         conf.update({"acks": "all", "enable.idempotence": True})
     else:
@@ -324,6 +323,11 @@ class Cluster:
             self._probe = Probe(self.name, self.config, self.health, _RDKAFKA_LOG,
                                 topics=self.topics)
             self._probe.start()
+
+    def admin(self) -> AdminClient | None:
+        """The probe's admin client, for the cluster's occasional admin requests (None
+        before probing starts): one client, and the connection its probes keep open."""
+        return self._probe.admin if self._probe is not None else None
 
     @property
     def up(self) -> bool:

@@ -34,6 +34,7 @@ from confluent_kafka.admin import AdminClient
 
 from agent.config import KafkaClusterConfig
 from agent.forwarder import insync
+from agent.forwarder.connections import connection_config
 from agent.forwarder.health import ClusterHealth
 
 log = logging.getLogger(__name__)
@@ -48,12 +49,8 @@ CONTROLLER_CONNECT_TIMEOUT = 0.5
 
 def probe_config(name: str, cluster: KafkaClusterConfig, logger: logging.Logger | None,
                  on_error: Any) -> dict[str, Any]:
-    conf: dict[str, Any] = {
-        "bootstrap.servers": cluster.bootstrap_servers,
-        "client.id": f"ferry-{name}-probe",
-        "reconnect.backoff.max.ms": 2000,
-        "socket.keepalive.enable": True,
-    }
+    conf = connection_config(cluster)
+    conf["client.id"] = f"ferry-{name}-probe"
     if logger is not None:
         conf["logger"] = logger
     # TLS, SASL and the like apply to the probe as to the producers. (An admin client is a

@@ -113,10 +113,16 @@ def client_config(bootstrap: str, properties: dict[str, Any]) -> dict[str, Any]:
     return conf
 
 
-def ensure_topic(conf: dict[str, Any], name: str, timeout: float) -> None:
-    """Create the progress topic (compacted, one partition) if it does not exist."""
-    admin = AdminClient({k: v for k, v in conf.items() if k == "bootstrap.servers"
-                         or k.startswith(("security.", "ssl.", "sasl."))})
+def ensure_topic(conf: dict[str, Any], name: str, timeout: float,
+                 admin: AdminClient | None = None) -> None:
+    """Create the progress topic (compacted, one partition) if it does not exist.
+
+    Through ``admin`` when given (the probe's: no client of its own). An admin client made
+    here outlives the call until the garbage collector's next full run (its futures and an
+    exception's traceback hold it in a reference cycle), and with it its connections."""
+    if admin is None:
+        admin = AdminClient({k: v for k, v in conf.items() if k == "bootstrap.servers"
+                             or k.startswith(("security.", "ssl.", "sasl."))})
     md = admin.list_topics(topic=name, timeout=timeout)
     tm = md.topics.get(name)
     if tm is not None and tm.error is None and tm.partitions:

@@ -188,6 +188,12 @@ class ExactlyOnce:
             self._producer_conf["client.id"] = "ferry-local-transactions"
         self._client_conf = client_config(local.bootstrap_servers, dict(local.properties))
         self._producer: Producer | None = None
+        # Closed after idle_seconds with no exactly-once message buffered (_park_when_idle):
+        # its connections (one to the transaction coordinator librdkafka keeps open, one it
+        # keeps to the cluster) would otherwise stay while the agent idles. 0: never.
+        self.idle_seconds = local.idle_connection_seconds
+        self._parked = False  # closed idle, everything settled: reopened without reconciling
+        self._active = 0.0  # when the producer last opened or committed (monotonic)
         self._progress: dict[str, Progress] = {}
         self._cursors: dict[str, bytes | None] = {}
         # (message id, error, message) per delivery report, in the order they come.
@@ -258,16 +264,44 @@ class ExactlyOnce:
         if self._fenced or time.monotonic() < self._retry_at:
             return False
         now = time.monotonic()
-        topics = [t for t in self.store.topics()
-                  if self.owns(t) and not self._held.waiting(t, now)]
+        owned = [t for t in self.store.topics() if self.owns(t)]
+        topics = [t for t in owned if not self._held.waiting(t, now)]
+        if not owned:
+            self._park_when_idle(now)
         if not topics:
             return False
         if self._producer is None:
-            self._open()
+            if self._parked:
+                self._producer = self._new_producer()
+                self._parked = False
+                log.info("exactly-once: transactional producer reopened after idling")
+            else:
+                self._open()
+            self._active = time.monotonic()
         for t in topics:
             if t not in self._topic_ready:
                 self._reconcile(t)
-        return self._transaction(topics)
+        worked = self._transaction(topics)
+        if worked:
+            self._active = time.monotonic()
+        return worked
+
+    def _park_when_idle(self, now: float) -> None:
+        """Close the transactional producer once no exactly-once message has been buffered
+        for ``idle_seconds``. Only between transactions, every one of them settled (committed
+        or aborted, its messages removed from the buffer or read again): what the progress
+        records and the cursors say stays true, so the next message reopens a producer
+        (init_transactions) and goes on without a read-back (docs/design.md,
+        "Connections")."""
+        if (self._producer is None or self._in_transaction or self.idle_seconds <= 0
+                or now - self._active < self.idle_seconds):
+            return
+        p, self._producer = self._producer, None
+        self._parked = True
+        p.flush(0)
+        p.close()
+        log.info("exactly-once: transactional producer closed after %.0f s without "
+                 "exactly-once messages; the next one reopens it", now - self._active)
 
     def _trouble(self, exc: BaseException) -> None:
         fenced = self._fenced_error or _fenced_detail(exc)
@@ -305,6 +339,7 @@ class ExactlyOnce:
             self._in_transaction = False
             self.registry.inc("transactions_aborted", reason="failed")
         p, self._producer = self._producer, None
+        self._parked = False  # reopened in full: ensure the progress topic, reconcile
         self._topic_ready.clear()
         self._cursors.clear()
         if p is not None:
@@ -317,7 +352,8 @@ class ExactlyOnce:
 
     # -- opening and reconciling ------------------------------------------------------------------
     def _open(self) -> None:
-        ensure_topic(self._client_conf, self.progress_topic, CALL_TIMEOUT)
+        ensure_topic(self._client_conf, self.progress_topic, CALL_TIMEOUT,
+                     admin=self.cluster.admin())
         p = self._new_producer()
         # After init_transactions: the previous instance's transaction is settled, so what
         # read_committed shows now is final.
@@ -940,4 +976,4 @@ class ExactlyOnce:
 
     def stats(self) -> dict[str, Any]:
         return {"identity": self.identity, "fenced": self._fenced,
-                "ready": self._producer is not None}
+                "ready": self._producer is not None, "closed_idle": self._parked}
