@@ -90,9 +90,23 @@ class _RateLimit(logging.Filter):
 _RDKAFKA_LOG = logging.getLogger("librdkafka")
 _RDKAFKA_LOG.addFilter(_RateLimit())
 
-METADATA_INTERVAL = 10.0  # seconds between full metadata refreshes
+METADATA_INTERVAL = 10.0  # seconds between full metadata refreshes while sending
+# ... and while nothing is in flight: an idle agent's requests are a fleet's load (issue #38).
+# Kept under idle_connection_seconds (idle_metadata_interval), so the refresh keeps the acks=all
+# producer's one connection in use instead of letting it close and open again every period.
+IDLE_METADATA_INTERVAL = 20.0
+
+
+def idle_metadata_interval(idle_connection_seconds: float) -> float:
+    """Seconds between full refreshes while nothing is in flight: IDLE_METADATA_INTERVAL,
+    or less, to stay within three quarters of the idle connection period; never under the
+    busy period."""
+    if idle_connection_seconds <= 0:  # connections never closed
+        return IDLE_METADATA_INTERVAL
+    return max(METADATA_INTERVAL, min(IDLE_METADATA_INTERVAL, 0.75 * idle_connection_seconds))
 METADATA_TIMEOUT = 3.0
 LIMITS_INTERVAL = 60.0  # seconds between looks at the topics' limits (an operator may alter)
+IDLE_LIMITS_INTERVAL = 120.0  # ... while nothing is in flight (a send makes it due sooner)
 # A topic whose limits could not be learnt (the cluster unreachable when it was first sent
 # to, DescribeConfigs denied) is asked again this often; meanwhile the defaults apply.
 LIMITS_RETRY = 5.0
@@ -321,7 +335,7 @@ class Cluster:
         """Probe the cluster on a period from now on, with or without traffic."""
         if self._probe is None and not self._stop.is_set():
             self._probe = Probe(self.name, self.config, self.health, _RDKAFKA_LOG,
-                                topics=self.topics)
+                                topics=self.topics, named=self.probe_topic)
             self._probe.start()
 
     def admin(self) -> AdminClient | None:
@@ -377,6 +391,17 @@ class Cluster:
         """The topics the forwarder has looked up here (it sends to them)."""
         with self._lock:
             return sorted(self._used)
+
+    def probe_topic(self) -> str | None:
+        """A topic the probe may name: one the forwarder sends to that the cluster's
+        metadata lists (so librdkafka holds no unknown topic to look up again every second);
+        None before there is one."""
+        with self._lock:
+            return next((t for t in sorted(self._used) if t in self._layouts), None)
+
+    def sending(self) -> bool:
+        """Whether any producer of this cluster holds a message (queued or in flight)."""
+        return any(len(p) > 0 for p in self.producers())
 
     def layout_count(self) -> int:
         """How many topics' layouts are held: the cluster's topics, and no deleted ones past
@@ -491,8 +516,9 @@ class Cluster:
             log.exception("publishing the limits of cluster %s failed", self.name)
 
     def _metadata_loop(self) -> None:
-        next_full = 0.0
-        next_limits = 0.0
+        next_full = full_at = 0.0
+        idle_full = idle_metadata_interval(self.config.idle_connection_seconds)
+        next_limits = limits_at = 0.0
         next_unknown = 0.0
         while not self._stop.is_set():
             self._wake.wait(timeout=0.5)
@@ -510,16 +536,24 @@ class Cluster:
                                          | undescribed))
                 for topic in wanted:
                     self.refresh(topic)
+                # Idle, the periodic looks come less often; a send makes them due at the
+                # busy period again, counted from the last look.
+                busy = self.sending()
+                if busy:
+                    next_limits = min(next_limits, limits_at + LIMITS_INTERVAL)
+                    next_full = min(next_full, full_at + METADATA_INTERVAL)
                 if time.monotonic() >= next_limits:
                     self.learn_limits(self.topics())
-                    next_limits = time.monotonic() + LIMITS_INTERVAL
+                    limits_at = time.monotonic()
+                    next_limits = limits_at + (LIMITS_INTERVAL if busy else IDLE_LIMITS_INTERVAL)
                     next_unknown = next_limits
                 elif time.monotonic() >= next_unknown:
                     self.learn_limits([t for t in self.topics() if t not in self._limits])
                     next_unknown = time.monotonic() + LIMITS_RETRY
                 if time.monotonic() >= next_full:
                     self.refresh()
-                    next_full = time.monotonic() + METADATA_INTERVAL
+                    full_at = time.monotonic()
+                    next_full = full_at + (METADATA_INTERVAL if busy else idle_full)
             except KafkaException as exc:
                 self.brokers = 0
                 log.debug("metadata refresh of %s failed: %s", self.name, exc)

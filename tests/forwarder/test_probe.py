@@ -4,9 +4,14 @@ metadata request decides up, or down with the connect error as the cause."""
 from __future__ import annotations
 
 from agent.config import KafkaClusterConfig
+from agent.forwarder.clusters import (
+    IDLE_METADATA_INTERVAL,
+    METADATA_INTERVAL,
+    idle_metadata_interval,
+)
 from agent.forwarder.health import ClusterHealth
 from agent.forwarder.probe import Probe
-from tests.kafka import Broker, free_port
+from tests.kafka import Broker, create_topic, free_port
 
 
 def test_a_broker_that_answers_is_up(broker: Broker) -> None:
@@ -32,3 +37,39 @@ def test_a_closed_port_is_down_with_the_connect_error() -> None:
     assert "Connection refused" in health.reason and f"127.0.0.1:{port}" in health.reason
     snap = health.snapshot()
     assert snap.last_probe_ok is False and snap.errors >= 1
+
+
+def test_the_probe_names_a_topic_that_exists_one_of_ferrys_first(
+    broker: Broker, unique_topic: str
+) -> None:
+    """The first probe knows no topic and asks for all; from then on it names one the
+    answer listed (one of Ferry's when listed), never one that does not exist: librdkafka
+    would look that one up again every second for as long as the client lives."""
+    mine, other = f"{unique_topic}-mine", f"{unique_topic}-0-other"
+    create_topic(broker.bootstrap, other)
+    probe = Probe("local", KafkaClusterConfig(bootstrap_servers=broker.bootstrap),
+                  ClusterHealth("local", 10.0), topics=lambda: [mine])
+    assert probe.topic is None
+    probe.probe_once()
+    listed = probe.topic
+    assert listed is not None and listed != mine  # not created yet: some other topic
+    create_topic(broker.bootstrap, mine)
+    probe.probe_once()  # names `listed`, which exists; that answer does not list `mine`
+    assert probe.topic == listed
+    named = Probe("local", KafkaClusterConfig(bootstrap_servers=broker.bootstrap),
+                  ClusterHealth("local", 10.0), topics=lambda: [mine])
+    named.probe_once()  # a full listing: Ferry's topic is in it and preferred
+    assert named.topic == mine
+
+
+def test_the_clusters_choice_comes_first() -> None:
+    probe = Probe("local", KafkaClusterConfig(bootstrap_servers="127.0.0.1:1"),
+                  ClusterHealth("local", 10.0), named=lambda: "sent-to")
+    assert probe.topic == "sent-to"
+
+
+def test_an_idle_full_refresh_stays_under_the_idle_connection_period() -> None:
+    assert idle_metadata_interval(0) == IDLE_METADATA_INTERVAL  # connections never closed
+    assert idle_metadata_interval(30) == IDLE_METADATA_INTERVAL
+    assert idle_metadata_interval(24) == 18
+    assert idle_metadata_interval(3) == METADATA_INTERVAL  # never more often than busy
