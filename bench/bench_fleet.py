@@ -57,9 +57,11 @@ from tests.waiting import wait_until  # noqa: E402
 PARTITIONS = 3
 TICK = os.sysconf("SC_CLK_TCK")
 IDLE_CONNECTION_SECONDS = 30.0  # the default, which the idle window waits out first
-API_NAMES = {0: "Produce", 3: "Metadata", 10: "FindCoordinator", 18: "ApiVersions",
-             22: "InitProducerId", 24: "AddPartitionsToTxn", 26: "EndTxn",
-             28: "TxnOffsetCommit", 32: "DescribeConfigs", 60: "DescribeCluster"}
+API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit",
+             9: "OffsetFetch", 10: "FindCoordinator", 18: "ApiVersions", 19: "CreateTopics",
+             22: "InitProducerId", 24: "AddPartitionsToTxn", 25: "AddOffsetsToTxn",
+             26: "EndTxn", 28: "TxnOffsetCommit", 32: "DescribeConfigs",
+             60: "DescribeCluster"}
 T = TypeVar("T")
 
 
@@ -146,6 +148,7 @@ class Fleet:
         self.sent = [0] * n
 
     def start(self) -> None:
+        self.sent = [0] * len(self.agents)  # a new process counts its deliveries from 0
         in_parallel([partial(AgentProcess.start, a, 180.0) for a in self.agents])
 
     def stop(self) -> None:
