@@ -43,7 +43,7 @@ def stamped(f: Flight) -> tuple[int, timestamps.Headers | None]:
 class Sending(LoopState):
     def _send_values(self, topic: str, values: list[tuple[bytes, bytes]], st: TopicState,
                      settings: TopicConfig, gen: int, check_ttl: bool, now_ms: int,
-                     ttl_ms: int, producer: Any, layout: TopicLayout, now: float) -> None:
+                     producer: Any, layout: TopicLayout, now: float) -> None:
         """The common case, kept tight (it runs once per message): one local cluster, the
         topic's partitions known. Plain messages (``plain_values``) go to the producer as
         slices of their stored value: no Record, StoredMessage or Flight per message (a
@@ -68,7 +68,7 @@ class Sending(LoopState):
                                                               oldest):
             if flags == NOT_PLAIN:
                 if self._send_one(message(topic, mid, v), st, settings, gen, check_ttl,
-                                  now_ms, ttl_ms, produce, layout, now, oldest):
+                                  now_ms, produce, layout, now, oldest):
                     break  # queued for a retry: the rest of the batch waits behind it
                 continue
             if flags & has_pk:
@@ -123,12 +123,12 @@ class Sending(LoopState):
         return f
 
     def _send_one(self, m: StoredMessage | Corrupt, st: TopicState, settings: TopicConfig,
-                  gen: int, check_ttl: bool, now_ms: int, ttl_ms: int, produce: Any,
+                  gen: int, check_ttl: bool, now_ms: int, produce: Any,
                   layout: TopicLayout, now: float, oldest: int) -> bool:
-        """A message of the common path that needs the general checks, sent with a Flight.
-        True when the rest of its batch must wait (it is queued for a retry)."""
-        if not self._sendable(m, settings, gen, settings.max_message_bytes, check_ttl, now_ms,
-                              ttl_ms):
+        """A message of the common path that needs the general checks (eligibility.py),
+        sent with a Flight. True when the rest of its batch must wait (it is queued for a
+        retry)."""
+        if not self._sendable(m, settings, gen, check_ttl, now_ms):
             return False
         r = m.record
         f = Flight(m, settings)

@@ -37,7 +37,7 @@ from agent import reasons
 from agent.buffer import codec, keys
 from agent.buffer.store import Corrupt, DeliveredRun, Outcome, Store, StoredMessage, message
 from agent.config import FerryConfig, TopicConfig
-from agent.forwarder import failures, isolation, timestamps
+from agent.forwarder import eligibility, failures, isolation, timestamps
 from agent.forwarder.clusters import Cluster, producer_config
 from agent.forwarder.discard_log import Discard, DiscardLog
 from agent.forwarder.held_topics import HeldTopics
@@ -947,28 +947,22 @@ class ExactlyOnce:
 
     def _unsendable(self, m: StoredMessage | Corrupt, settings: TopicConfig, gen: int
                     ) -> tuple[Discard, Outcome] | None:
-        """The discard of a message that must not be sent (the same rules as at-least-once)."""
-        if isinstance(m, Corrupt):
-            return (Discard(reasons.CORRUPT, m.topic, keys.id_text(m.id),
-                            keys.id_timestamp_ms(m.id), None, raw=m.raw, detail=m.error),
-                    Outcome(m.key, len(m.key) + len(m.raw), m.topic, "discarded",
-                            reason=reasons.CORRUPT))
-        r = m.record
-        reason = detail = ""
-        if m.generation < gen:
-            reason = reasons.GENERATION
-            detail = "the topic was deleted after this message was accepted"
-        elif len(r.value) + (len(r.key) if r.key else 0) > settings.max_message_bytes:
-            reason = reasons.TOO_LARGE
-            detail = f"{r.size} bytes > max_message_bytes={settings.max_message_bytes}"
-        elif int(time.time() * 1000) - m.accepted_ms > settings.ttl_seconds * 1000:
-            reason, detail = reasons.TTL, f"older than ttl_seconds={settings.ttl_seconds}"
-        if not reason:
+        """The discard of a message that must not be sent, by the rule both loops apply
+        (eligibility.py); None when it may be sent."""
+        why = eligibility.judge(m, settings, gen, settings.max_message_bytes,
+                                int(time.time() * 1000))
+        if why is None:
             return None
+        if isinstance(m, Corrupt):
+            return (Discard(why.reason, m.topic, keys.id_text(m.id),
+                            keys.id_timestamp_ms(m.id), None, raw=m.raw, detail=why.detail),
+                    Outcome(m.key, len(m.key) + len(m.raw), m.topic, "discarded",
+                            reason=why.reason))
         log.warning("discarding message %s of %s: %s (%s)", keys.id_text(m.id), m.topic,
-                    reason, detail)
-        return (Discard(reason, m.topic, keys.id_text(m.id), m.accepted_ms, r, detail=detail),
-                Outcome(m.key, m.stored_bytes, m.topic, "discarded", reason=reason))
+                    why.reason, why.detail)
+        return (Discard(why.reason, m.topic, keys.id_text(m.id), m.accepted_ms, m.record,
+                        detail=why.detail),
+                Outcome(m.key, m.stored_bytes, m.topic, "discarded", reason=why.reason))
 
     def held(self) -> dict[str, dict[str, object]]:
         """The exactly-once topics held back, as stuck topics (held_topics.py)."""
