@@ -37,7 +37,7 @@ from agent import reasons
 from agent.buffer import codec, keys
 from agent.buffer.store import Corrupt, DeliveredRun, Outcome, Store, StoredMessage, message
 from agent.config import FerryConfig, TopicConfig
-from agent.forwarder import eligibility, failures, isolation, timestamps
+from agent.forwarder import eligibility, failures, isolation, producing, timestamps
 from agent.forwarder.clusters import Cluster, producer_config
 from agent.forwarder.discard_log import Discard, DiscardLog
 from agent.forwarder.held_topics import HeldTopics
@@ -748,7 +748,7 @@ class ExactlyOnce:
                      > settings.ttl_seconds * 1000)
         prefix = f"{self.identity}:".encode()  # tag(): identity ":" hex id
         base = len(topic) + 1 + keys.ID_LEN  # stored bytes besides the value: topic NUL id
-        produce = p.produce
+        produce = producing.positional(p)
         reports = self._reports
         ids, sizes = b.run.ids, b.run.sizes
         suspects = self._suspects
@@ -816,10 +816,8 @@ class ExactlyOnce:
                     (HEADER, prefix + mid.hex().encode())]
                 while True:
                     try:
-                        # Positional, in produce()'s order (topic, value, key, partition,
-                        # callback, on_delivery, timestamp, headers): see send.py's
-                        # docstring. The report callback goes in the 5th place: given there,
-                        # even as None, it hides the 6th (on_delivery, the same thing).
+                        # Positional, in producing.Positional's order (topic, value, key,
+                        # partition, on_delivery, None, timestamp, headers).
                         produce(topic, value, key, partition, partial(_report, reports, mid),
                                 None, ts, headers)
                         break
@@ -851,9 +849,9 @@ class ExactlyOnce:
             timestamp = 0  # the send time
         while True:
             try:
-                p.produce(r.topic, r.value, r.key, partition=partition,
-                          timestamp=timestamp, headers=headers,
-                          on_delivery=partial(_report, self._reports, m.id))
+                producing.produce(p, r.topic, r.value, r.key, partition=partition,
+                                  on_delivery=partial(_report, self._reports, m.id),
+                                  timestamp=timestamp, headers=headers)
                 return
             except BufferError:
                 p.poll(0.05)  # the producer's queue is full: let it drain
@@ -931,8 +929,8 @@ class ExactlyOnce:
             assert b.last_id is not None
             self._progress[topic] = self._progress.get(topic, Progress()).advanced(
                 b.last_id, b.written)
-            p.produce(self.progress_topic, self._progress[topic].encode(),
-                      progress_key(self.identity, topic))
+            producing.produce(p, self.progress_topic, self._progress[topic].encode(),
+                              progress_key(self.identity, topic))
         p.commit_transaction(self.commit_timeout)
         self.registry.inc("transactions_committed")
         self.registry.observe("transaction_seconds", time.monotonic() - started)
