@@ -86,8 +86,7 @@ class LoopState(ABC):
 
     @abstractmethod
     def _sendable(self, m: StoredMessage | Corrupt, settings: TopicConfig, gen: int,
-                  max_size: int, check_ttl: bool, now_ms: int, ttl_ms: int
-                  ) -> TypeGuard[StoredMessage]:
+                  check_ttl: bool, now_ms: int) -> TypeGuard[StoredMessage]:
         ...
 
     @abstractmethod
@@ -109,7 +108,7 @@ class LoopState(ABC):
     @abstractmethod
     def _send_values(self, topic: str, values: list[tuple[bytes, bytes]], st: TopicState,
                      settings: TopicConfig, gen: int, check_ttl: bool, now_ms: int,
-                     ttl_ms: int, producer: Any, layout: TopicLayout, now: float) -> None:
+                     producer: Any, layout: TopicLayout, now: float) -> None:
         ...
 
     @abstractmethod

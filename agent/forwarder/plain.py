@@ -6,6 +6,10 @@ value without a Record or StoredMessage: the header is read here and the produce
 slices of the value. The at-least-once loop (send.py, ``Sending._send_values``) and the
 exactly-once one (transactions.py, ``ExactlyOnce._send_values``) both read through
 ``plain_values``, so what counts as plain is decided in this one place.
+
+Plain is only the fast path's filter: it lets through what none of the send-eligibility
+rules can concern, and every message it does not take is judged by the one rule
+(eligibility.py) before it is sent or discarded.
 """
 
 from __future__ import annotations
@@ -27,11 +31,11 @@ def plain_values(values: list[tuple[bytes, bytes]], gen: int, check_ttl: bool,
     ``Store.read_values``, decoded from the header alone: no Record or StoredMessage.
 
     ``flags`` is ``NOT_PLAIN`` for anything but a plain message, which the caller then
-    decodes fully (``message``) and checks by the general rules: headers of its own, an older
-    generation than ``gen``, a TTL to check (``check_ttl``: the oldest message read is older
-    than the topic's TTL), key and value possibly larger than ``max_message_bytes``, a
-    timestamp older than ``oldest_ts`` (it may need re-stamping: timestamps.py), a value
-    that does not decode."""
+    decodes fully (``message``), judges by eligibility.py's rule, and sends through the
+    general path. Not plain: headers of its own, an older generation than ``gen``, a TTL to
+    check (``check_ttl``: the oldest message read is older than the topic's TTL), key and
+    value possibly larger than ``max_message_bytes``, a timestamp older than ``oldest_ts``
+    (it may need re-stamping: timestamps.py), a value that does not decode."""
     unpack = codec.HEADER.unpack_from
     hsize = codec.HEADER.size
     version_now = codec.VERSION

@@ -1,6 +1,6 @@
 """Reading the buffer in order: each topic's messages after its cursor, FIFO, as many as
-there is room in flight for; and the checks that keep a message from being sent (corrupt, an
-older generation of its topic, too large, older than its TTL), which discard it with its
+there is room in flight for; and the discard of what must not be sent (corrupt, an older
+generation of its topic, too large, older than its TTL: eligibility.py's rule), with its
 reason. Per topic, the loop reads in FIFO order after a cursor; after a restart the cursors
 start at the head again, so everything not deleted is sent again (at-least-once).
 """
@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 from typing import TypeGuard
 
-from agent import reasons
 from agent.buffer import keys
 from agent.buffer.store import Corrupt, StoredMessage, messages
 from agent.config import TopicConfig
+from agent.forwarder import eligibility
 from agent.forwarder.flight import Flight
 from agent.forwarder.loop_state import LoopState
 from agent.forwarder.stuck_topics import NO_PARTITIONS
@@ -70,22 +70,20 @@ class Reading(LoopState):
             st.drained_at = 0.0
             worked = True
             settings = self.topic_settings(topic)
-            ttl_ms = settings.ttl_seconds * 1000
             gen = self._generations.get(topic, 0)
             now_ms = int(time.time() * 1000)
             # Messages are in acceptance order: if the newest one read is older than the TTL,
             # the check is needed per message; if the oldest one is younger, for none.
-            check_ttl = now_ms - keys.id_timestamp_ms(values[0][0]) > ttl_ms
-            max_size = settings.max_message_bytes
+            check_ttl = now_ms - keys.id_timestamp_ms(values[0][0]) > settings.ttl_seconds * 1000
             direct = self._direct_route(topic, settings)
             if direct is not None:
                 # The common case sends from the undecoded values (no object per message).
-                self._send_values(topic, values, st, settings, gen, check_ttl, now_ms, ttl_ms,
+                self._send_values(topic, values, st, settings, gen, check_ttl, now_ms,
                                   direct[0], direct[1], now)
                 continue
             for m in messages(topic, values):
                 st.cursor = m.id
-                if not self._sendable(m, settings, gen, max_size, check_ttl, now_ms, ttl_ms):
+                if not self._sendable(m, settings, gen, check_ttl, now_ms):
                     continue
                 st.in_flight += 1
                 self._in_flight += 1
@@ -95,52 +93,50 @@ class Reading(LoopState):
         return worked
 
     def _sendable(self, m: StoredMessage | Corrupt, settings: TopicConfig, gen: int,
-                  max_size: int, check_ttl: bool, now_ms: int, ttl_ms: int
-                  ) -> TypeGuard[StoredMessage]:
-        """False when ``m`` must not be sent (and was discarded, with its reason)."""
+                  check_ttl: bool, now_ms: int) -> TypeGuard[StoredMessage]:
+        """False when ``m`` must not be sent (eligibility.py), and was discarded with its
+        reason."""
+        why = eligibility.judge(m, settings, gen, settings.max_message_bytes, now_ms, check_ttl)
+        if why is None:
+            return True
+        self._discard_unsendable(m, settings, why)
+        return False
+
+    def _discard_unsendable(self, m: StoredMessage | Corrupt, settings: TopicConfig,
+                            why: eligibility.Unsendable) -> None:
+        """Discard ``m``, not in flight, for the reason the rule gave."""
         if isinstance(m, Corrupt):
             self._discard_corrupt(m)
-            return False
-        if m.generation < gen:
-            self._discard(Flight(m, settings), reasons.GENERATION,
-                          "the topic was deleted after this message was accepted")
-            return False
-        r = m.record
-        if len(r.value) + (len(r.key) if r.key else 0) > max_size:
-            # Sources that cannot refuse at once (spool files) let these through.
-            self._discard(Flight(m, settings), reasons.TOO_LARGE,
-                          f"{r.size} bytes > max_message_bytes={settings.max_message_bytes}")
-            return False
-        if check_ttl and now_ms - m.accepted_ms > ttl_ms:
-            self._discard(Flight(m, settings), reasons.TTL,
-                          f"older than ttl_seconds={settings.ttl_seconds}")
-            return False
-        return True
+        else:
+            self._discard(Flight(m, settings), why.reason, why.detail)
 
     def _expire_head(self, topic: str, st: TopicState, now: float) -> bool:
-        """Discard expired messages at the head of a topic that cannot be sent right now.
+        """Discard what cannot be sent at the head of a topic that cannot be sent to right
+        now (its partitions unknown): the TTL still applies while its messages wait.
 
-        Messages are in acceptance order, so the expired ones are a prefix (undecodable ones
-        in it are discarded as such). At most ``EXPIRE_PER_STEP`` a call: a long outage can
-        leave millions expired, and what is discarded is held until its batched delete."""
+        Messages are in acceptance order, so the expired ones are a prefix; the head leaves
+        by the same rule as a message read to be sent (eligibility.py), so one undecodable,
+        of an older generation or too large met on the way leaves with them. The first one
+        the rule would send ends the call. At most ``EXPIRE_PER_STEP`` a call: a long outage
+        can leave millions expired, and what is discarded is held until its batched
+        delete."""
         if now < st.expiry_check_at:
             return False
         settings = self.topic_settings(topic)
-        cutoff_ms = int(time.time() * 1000) - settings.ttl_seconds * 1000
+        gen = self._generations.get(topic, 0)
+        max_bytes = settings.max_message_bytes
+        now_ms = int(time.time() * 1000)
         worked = False
         budget = EXPIRE_PER_STEP
         while budget > 0:
             want = min(1000, budget)
             batch = self.store.read(topic, st.cursor, want)
             for m in batch:
-                if isinstance(m, Corrupt):
-                    self._discard_corrupt(m)
-                elif m.accepted_ms < cutoff_ms:
-                    self._discard(Flight(m, settings), reasons.TTL,
-                                  f"older than ttl_seconds={settings.ttl_seconds}")
-                else:
-                    st.expiry_check_at = now + 1.0  # the head is young enough: look again later
+                why = eligibility.judge(m, settings, gen, max_bytes, now_ms)
+                if why is None:
+                    st.expiry_check_at = now + 1.0  # the head may be sent: look again later
                     return worked
+                self._discard_unsendable(m, settings, why)
                 st.cursor = m.id
                 worked = True
                 budget -= 1

@@ -12,7 +12,7 @@ from confluent_kafka import KafkaError
 
 from agent import reasons
 from agent.buffer import keys
-from agent.forwarder import failures, isolation
+from agent.forwarder import eligibility, failures, isolation
 from agent.forwarder.flight import LOCAL, REMOTE, Flight
 from agent.forwarder.loop_state import LoopState, log
 from agent.forwarder.topic_state import TopicState
@@ -162,14 +162,13 @@ class Retries(LoopState):
                 if f.done:
                     continue
                 worked = True
-                if f.msg.generation < gen:
-                    self._discard(f, reasons.GENERATION, "the topic was deleted after this message "
-                                  f"was accepted; last error: {f.last_error}", in_flight=True)
-                    continue
-                if now_ms - f.msg.accepted_ms > f.settings.ttl_seconds * 1000:
-                    self._discard(f, reasons.TTL,
-                                  f"older than ttl_seconds={f.settings.ttl_seconds};"
-                                  f" last error: {f.last_error}", in_flight=True)
+                # Sent once already, it may not be sent again (eligibility.py): its topic
+                # deleted since, or its TTL passed while it waited.
+                why = eligibility.judge(f.msg, f.settings, gen,
+                                        f.settings.max_message_bytes, now_ms)
+                if why is not None:
+                    self._discard(f, why.reason, f"{why.detail}; last error: {f.last_error}",
+                                  in_flight=True)
                     continue
                 f.sent_remote = False
                 self._send(f, now)

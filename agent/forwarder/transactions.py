@@ -37,7 +37,7 @@ from agent import reasons
 from agent.buffer import codec, keys
 from agent.buffer.store import Corrupt, DeliveredRun, Outcome, Store, StoredMessage, message
 from agent.config import FerryConfig, TopicConfig
-from agent.forwarder import failures, isolation, timestamps
+from agent.forwarder import eligibility, failures, isolation, producing, timestamps
 from agent.forwarder.clusters import Cluster, producer_config
 from agent.forwarder.discard_log import Discard, DiscardLog
 from agent.forwarder.held_topics import HeldTopics
@@ -748,7 +748,7 @@ class ExactlyOnce:
                      > settings.ttl_seconds * 1000)
         prefix = f"{self.identity}:".encode()  # tag(): identity ":" hex id
         base = len(topic) + 1 + keys.ID_LEN  # stored bytes besides the value: topic NUL id
-        produce = p.produce
+        produce = producing.positional(p)
         reports = self._reports
         ids, sizes = b.run.ids, b.run.sizes
         suspects = self._suspects
@@ -816,10 +816,8 @@ class ExactlyOnce:
                     (HEADER, prefix + mid.hex().encode())]
                 while True:
                     try:
-                        # Positional, in produce()'s order (topic, value, key, partition,
-                        # callback, on_delivery, timestamp, headers): see send.py's
-                        # docstring. The report callback goes in the 5th place: given there,
-                        # even as None, it hides the 6th (on_delivery, the same thing).
+                        # Positional, in producing.Positional's order (topic, value, key,
+                        # partition, on_delivery, None, timestamp, headers).
                         produce(topic, value, key, partition, partial(_report, reports, mid),
                                 None, ts, headers)
                         break
@@ -851,9 +849,9 @@ class ExactlyOnce:
             timestamp = 0  # the send time
         while True:
             try:
-                p.produce(r.topic, r.value, r.key, partition=partition,
-                          timestamp=timestamp, headers=headers,
-                          on_delivery=partial(_report, self._reports, m.id))
+                producing.produce(p, r.topic, r.value, r.key, partition=partition,
+                                  on_delivery=partial(_report, self._reports, m.id),
+                                  timestamp=timestamp, headers=headers)
                 return
             except BufferError:
                 p.poll(0.05)  # the producer's queue is full: let it drain
@@ -931,8 +929,8 @@ class ExactlyOnce:
             assert b.last_id is not None
             self._progress[topic] = self._progress.get(topic, Progress()).advanced(
                 b.last_id, b.written)
-            p.produce(self.progress_topic, self._progress[topic].encode(),
-                      progress_key(self.identity, topic))
+            producing.produce(p, self.progress_topic, self._progress[topic].encode(),
+                              progress_key(self.identity, topic))
         p.commit_transaction(self.commit_timeout)
         self.registry.inc("transactions_committed")
         self.registry.observe("transaction_seconds", time.monotonic() - started)
@@ -947,28 +945,22 @@ class ExactlyOnce:
 
     def _unsendable(self, m: StoredMessage | Corrupt, settings: TopicConfig, gen: int
                     ) -> tuple[Discard, Outcome] | None:
-        """The discard of a message that must not be sent (the same rules as at-least-once)."""
-        if isinstance(m, Corrupt):
-            return (Discard(reasons.CORRUPT, m.topic, keys.id_text(m.id),
-                            keys.id_timestamp_ms(m.id), None, raw=m.raw, detail=m.error),
-                    Outcome(m.key, len(m.key) + len(m.raw), m.topic, "discarded",
-                            reason=reasons.CORRUPT))
-        r = m.record
-        reason = detail = ""
-        if m.generation < gen:
-            reason = reasons.GENERATION
-            detail = "the topic was deleted after this message was accepted"
-        elif len(r.value) + (len(r.key) if r.key else 0) > settings.max_message_bytes:
-            reason = reasons.TOO_LARGE
-            detail = f"{r.size} bytes > max_message_bytes={settings.max_message_bytes}"
-        elif int(time.time() * 1000) - m.accepted_ms > settings.ttl_seconds * 1000:
-            reason, detail = reasons.TTL, f"older than ttl_seconds={settings.ttl_seconds}"
-        if not reason:
+        """The discard of a message that must not be sent, by the rule both loops apply
+        (eligibility.py); None when it may be sent."""
+        why = eligibility.judge(m, settings, gen, settings.max_message_bytes,
+                                int(time.time() * 1000))
+        if why is None:
             return None
+        if isinstance(m, Corrupt):
+            return (Discard(why.reason, m.topic, keys.id_text(m.id),
+                            keys.id_timestamp_ms(m.id), None, raw=m.raw, detail=why.detail),
+                    Outcome(m.key, len(m.key) + len(m.raw), m.topic, "discarded",
+                            reason=why.reason))
         log.warning("discarding message %s of %s: %s (%s)", keys.id_text(m.id), m.topic,
-                    reason, detail)
-        return (Discard(reason, m.topic, keys.id_text(m.id), m.accepted_ms, r, detail=detail),
-                Outcome(m.key, m.stored_bytes, m.topic, "discarded", reason=reason))
+                    why.reason, why.detail)
+        return (Discard(why.reason, m.topic, keys.id_text(m.id), m.accepted_ms, m.record,
+                        detail=why.detail),
+                Outcome(m.key, m.stored_bytes, m.topic, "discarded", reason=why.reason))
 
     def held(self) -> dict[str, dict[str, object]]:
         """The exactly-once topics held back, as stuck topics (held_topics.py)."""
