@@ -312,6 +312,44 @@ def test_bodies_in_flight_are_bounded_across_connections(serve: Callable[..., Se
     assert served.counter("messages_rejected", reason="body_budget") == 1
 
 
+def _stream_tiny_chunks(served: Served, size: int, answers: list[bytes]) -> None:
+    """Send a batch of ``size`` bytes in 2-byte chunks; keep the answer."""
+    piece = b"2\r\nab\r\n" * 8192
+    with raw.connect(served) as sock:
+        sock.sendall(b"POST /topics/tiny/batch HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(size // 2 // 8192):
+            sock.sendall(piece)
+        sock.sendall(b"0\r\n\r\n")
+        answers.append(raw.read_answers(sock, 1)[0])
+
+
+def test_bodies_in_tiny_chunks_do_not_hold_the_loop(serve: Callable[..., Served]) -> None:
+    """N5: while four connections sent 4 MiB each in 2-byte chunks, another client's request
+    waited 5.8 to 19.7 s: each read of a connection (256 KiB, some 37,000 chunks) was parsed
+    at once, and the loop read each connection until its socket was empty. Now a read is
+    parsed a few milliseconds at a time and the probe is answered between the steps. Two
+    connections here; the deadlines are long, so that on a loaded host only the probe's
+    wait is judged (the old code kept it 4.1 s)."""
+    served = serve(http={"body_timeout_seconds": 120.0, "header_timeout_seconds": 120.0,
+                         "keep_alive_seconds": 120.0})
+    size = 4 * 1024 * 1024
+    answers: list[bytes] = []
+    senders = [threading.Thread(target=_stream_tiny_chunks, args=(served, size, answers),
+                                daemon=True) for _ in range(2)]
+    with _Probe(served) as probe:
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join(120)
+        during = probe.pings
+    assert not any(sender.is_alive() for sender in senders), "a body was not answered"
+    # One message of 4 MiB: over the topic's limit (1 MiB), refused once the body is read.
+    assert [raw.status(answer) for answer in answers] == [413, 413], answers
+    assert during > 1, "no other client was answered while the bodies streamed"
+    assert probe.worst < 1.0, f"a probe waited {probe.worst:.2f} s"
+
+
 # -- N6: batches limited in messages, converted off the loop ---------------------------------
 
 @pytest.mark.parametrize("media", [b"application/json", b"application/x-ndjson"])
@@ -371,3 +409,4 @@ def test_an_encoded_batch_segment_is_not_a_batch_publish(served: Served, path: b
                        b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
     assert raw.status(answer) == 404, answer[:300]
     assert served.messages("enc") == []
+
