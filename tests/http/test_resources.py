@@ -410,3 +410,39 @@ def test_an_encoded_batch_segment_is_not_a_batch_publish(served: Served, path: b
     assert raw.status(answer) == 404, answer[:300]
     assert served.messages("enc") == []
 
+
+@pytest.mark.parametrize("how", ["close", "shutdown"])
+def test_a_client_gone_while_waiting_for_kafka_frees_its_connection(
+    serve: Callable[..., Served], how: str
+) -> None:
+    """A client that closed its connection while its publish waited for Kafka (201) kept
+    that connection, busy and so under the cap, until the topic's ack_timeout_ms (here a
+    minute, none of it acknowledged: no forwarder runs): with a cap of one, every other
+    client was refused 503 meanwhile. A close and a shutdown of the sending side look the
+    same to the server (a FIN): either way the publish is answered at once with what is
+    known, 202 (stored), the client that still reads gets it, and the connection goes."""
+    served = serve(http={"max_connections": 1}, topics={"default": {"ack_timeout_ms": 60_000}})
+    publisher = served.app.publisher
+    sock = raw.connect(served)
+    try:
+        sock.sendall(raw.publish("left", b"v"))
+        wait_until(lambda: publisher.waiting_for_kafka == 1, timeout=WAIT,
+                   message="the publish waits for Kafka")
+        if how == "shutdown":
+            sock.shutdown(socket.SHUT_WR)
+            sock.settimeout(10.0)  # well within the ack timeout
+            answer = raw.read_until_closed(sock)
+            assert raw.status(answer) == 202, answer[:300]
+            assert b'"delivered":false' in answer
+        else:
+            sock.close()
+        wait_until(lambda: not served.server.connections.open, timeout=10.0,
+                   message="the connection released, long before the ack timeout")
+    finally:
+        sock.close()
+    assert publisher.waiting_for_kafka == 0
+    assert served.server.budget.held == 0
+    with raw.connect(served) as other:  # the cap's one connection is free
+        other.sendall(b"GET /status/ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert raw.status(raw.read_answers(other, 1)[0]) == 200
+    assert [m.record.value for m in served.messages("left")] == [b"v"]

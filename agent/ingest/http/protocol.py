@@ -25,7 +25,9 @@ What is not HTTP/1.1 as Ferry speaks it is refused on the headers: a version oth
 (505), an HTTP/1.1 request without exactly one ``Host`` (400), a ``Transfer-Encoding`` other
 than ``chunked`` alone (501). ``Upgrade`` is ignored (RFC 9110 §7.8): the request is served
 as plain HTTP/1.1, body included, and the connection closed after it. A client that shuts
-its sending side after whole requests gets their answers, then the close.
+its sending side after whole requests gets their answers, then the close; a publish waiting
+for Kafka's acknowledgement then is answered at once with what is known (202), since a client
+that closed looks the same.
 
 Requests are answered one at a time and in order (pipelining): a request parsed while
 another is being answered waits in the connection's queue. Any answer given before a
@@ -64,8 +66,10 @@ from agent.process.log_limit import LogLimit
 
 log = logging.getLogger(__name__)
 
-# Publisher.direct(topic, batch, headers, body, reply).
-DirectPublish = Callable[[str, bool, list[tuple[bytes, bytes]], bytes, Reply], None]
+# Publisher.direct(topic, batch, headers, body, reply) -> a publish's Cut, if it waits for
+# Kafka: called, it is answered at once with what is known (its client has gone).
+DirectPublish = Callable[[str, bool, list[tuple[bytes, bytes]], bytes, Reply],
+                         Callable[[], None] | None]
 # The body limit of a publish: body_limit(topic, batch) -> bytes, and its 413.
 BodyLimit = Callable[[str, bool], int]
 TooLarge = Callable[[str, bool, int], HttpError]
@@ -212,7 +216,7 @@ class Request:
 
     __slots__ = ("method", "url", "headers", "parts", "size", "limit", "keep_alive",
                  "version", "topic", "batch", "error", "encoding", "publish", "exact",
-                 "framing", "held", "check_at")
+                 "framing", "held", "check_at", "cut")
 
     def __init__(self) -> None:
         self.method = b""
@@ -240,6 +244,8 @@ class Request:
         self.framing: bytes | None = None
         # Answer this instead of running the request, then close (a limit, a parse error).
         self.error: HttpError | None = None
+        # Ends a publish's wait for Kafka now (Publisher.direct's Cut): its client has gone.
+        self.cut: Callable[[], None] | None = None
 
     @property
     def body(self) -> bytes:
@@ -438,6 +444,11 @@ class HttpProtocol(asyncio.Protocol):
             self._drop(request)
         for queued in self.queue:
             self._drop(queued)
+        # A publish waiting for Kafka's acknowledgement is answered now, to nobody: its wait
+        # and its body's budget are not held until the topic's ack_timeout_ms.
+        current = self.current
+        if current is not None and current.cut is not None:
+            current.cut()
         # The protocol and its parser reference each other, so this object lives until the
         # cyclic collector runs: drop what it holds now, or an abandoned 16 MiB body stays
         # in memory until then (issue #29 D). Nothing queued can be answered any more.
@@ -919,7 +930,13 @@ class HttpProtocol(asyncio.Protocol):
     def _run(self, request: Request) -> None:
         reply = functools.partial(self._answer, request)
         if request.publish:
-            self.publish(request.topic, request.batch, request.headers, request.body, reply)
+            cut = self.publish(request.topic, request.batch, request.headers, request.body,
+                               reply)
+            if cut is not None:
+                if self.eof:
+                    cut()  # after the client's EOF: answer what is known, without waiting
+                else:
+                    request.cut = cut
         else:
             self.asgi(self, request, reply)
 
@@ -1058,6 +1075,13 @@ class HttpProtocol(asyncio.Protocol):
             self.request = None
         self.parsing = None
         self.stopped = self.eof = True
+        # A publish waiting for Kafka's acknowledgement (201) is answered now with what is
+        # known (202, stored): the client may have closed rather than shut its sending side,
+        # which looks the same from here, and would otherwise hold its connection, busy and
+        # so under the connection cap, for up to the topic's ack_timeout_ms (issue #37).
+        current = self.current
+        if current is not None and current.cut is not None:
+            current.cut()
         return True  # keep the transport open for the answers; _answer closes after them
 
     # -- the deadline ----------------------------------------------------------------------
