@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from agent.ingest.http import protocol
 from agent.ingest.http.protocol import HttpProtocol, Request
 from tests.http import raw
 from tests.http.harness import Served
@@ -446,3 +447,23 @@ def test_a_client_gone_while_waiting_for_kafka_frees_its_connection(
         other.sendall(b"GET /status/ping HTTP/1.1\r\nHost: x\r\n\r\n")
         assert raw.status(raw.read_answers(other, 1)[0]) == 200
     assert [m.record.value for m in served.messages("left")] == [b"v"]
+
+
+@pytest.fixture
+def late_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every step of the loop over before it begins (a thread preempted right after reading
+    the clock, on a starved host), and small slices: a server far behind its client."""
+    monkeypatch.setattr(protocol, "STEP_SECONDS", 0.0)
+    monkeypatch.setattr(protocol, "STEP_BYTES", 16)
+
+
+def test_every_step_parses_a_slice_however_late_the_clock(served: Served,
+                                                          late_clock: None) -> None:
+    """A step whose time was over before its first slice held everything back again, step
+    after step, and the body was never read."""
+    body = b"1\r\nx\r\n" * 20_000 + b"0\r\n\r\n"
+    answer = _exchange(served, b"POST /topics/late HTTP/1.1\r\nHost: x\r\n"
+                       b"Transfer-Encoding: chunked\r\n\r\n" + body)
+    assert raw.status(answer) == 202, answer[:300]
+    assert [len(m.record.value) for m in served.messages("late")] == [20_000]
+

@@ -560,9 +560,12 @@ class HttpProtocol(asyncio.Protocol):
         A small read first in its step is parsed at once (the common case: no clock, no
         callback). Otherwise the step's end is set (shared by the reads of this step: the
         loop reads a connection until its socket is empty, up to 32 reads) and ``data`` is
-        fed a slice at a time until it is all parsed or the step is over.
+        fed a slice at a time until it is all parsed or the step is over. A new step parses
+        at least one slice, however late the clock: a thread preempted between setting the
+        step's end and parsing would otherwise hold everything back, step after step.
         """
-        if self.turn is None:
+        fresh = self.turn is None
+        if fresh:
             if len(data) <= STEP_BYTES:
                 self._read(data)
                 return
@@ -571,9 +574,10 @@ class HttpProtocol(asyncio.Protocol):
         size = len(data)
         at = 0
         while at < size:
-            if self.read_paused or time.perf_counter() >= self.step_end:
+            if self.read_paused or (not fresh and time.perf_counter() >= self.step_end):
                 self._hold(data[at:] if at else data)
                 return
+            fresh = False
             self._read(data if size <= STEP_BYTES else data[at:at + STEP_BYTES])
             at += STEP_BYTES
             if self.stopped:
