@@ -362,6 +362,7 @@ class HttpProtocol(asyncio.Protocol):
         self.step_end = 0.0
         self.turn: asyncio.Handle | None = None
         self.holding = False
+        self.held_since = 0.0  # loop time when the bytes held now were first held back
         self.eof_held = False  # the client's EOF came while bytes were held back
         self.eof = False  # the client shut its sending side: answer what came, then close
         self.write_timer: asyncio.TimerHandle | None = None
@@ -587,6 +588,7 @@ class HttpProtocol(asyncio.Protocol):
         self.rest = rest
         if not self.holding:
             self.holding = True
+            self.held_since = self.loop.time()
             if not self.read_paused and self.transport is not None:
                 self.transport.pause_reading()
 
@@ -604,6 +606,8 @@ class HttpProtocol(asyncio.Protocol):
         if self.rest is not None:
             return  # still more: the step that _take scheduled goes on
         self.holding = False
+        if self.parsing == "body":
+            self.since += self._held_for()  # the body's deadline skips the time held
         if self.eof_held:
             self.eof_held = False
             if self.eof_received() is None and not self.closed:
@@ -1095,10 +1099,19 @@ class HttpProtocol(asyncio.Protocol):
             return None
         limits = self.limits
         if self.parsing == "body":
-            return self.since + limits.body_timeout
+            # The body's deadline is the client's: time its bytes wait for the server
+            # (held back, _take) does not count, or on a starved host bodies parsed side by
+            # side would all be refused 408 though every byte had come.
+            return self.since + limits.body_timeout + (self._held_for() if self.holding
+                                                       else 0.0)
         if self.after_answer and self.parsing is None:
             return self.since + min(limits.keep_alive, limits.header_timeout)
         return self.since + limits.header_timeout
+
+    def _held_for(self) -> float:
+        """How long the bytes held back have waited for the server, since the body (of
+        the request now being read) began, if it began while they waited."""
+        return max(0.0, self.loop.time() - max(self.held_since, self.since))
 
     def _arm(self) -> None:
         """One timer per connection: set it no later than the current deadline. Most waits
