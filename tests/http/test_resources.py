@@ -210,14 +210,17 @@ def test_a_management_token_in_a_trailer_is_not_a_token(serve: Callable[..., Ser
 
 def test_the_trailer_limit_does_not_grow_with_the_chunks(served: Served) -> None:
     """N4: the trailer's allowance grew by 64 bytes a chunk: a million 1-byte chunks let a
-    56 MiB trailer through (6.2 s of CPU). After 100,000 chunks (6.4 MiB of allowance
-    before) a trailer is refused once it passes the header limit (32 KiB) and one read."""
-    chunks = b"1\r\nx\r\n" * 100_000
+    56 MiB trailer through (6.2 s of CPU). After 50,000 chunks (3.2 MB of allowance before)
+    a trailer is refused once it passes the header limit (32 KiB) and one read. "Sent" counts
+    what the client pushed, which the kernel's socket buffers hold ahead of the server's
+    reads (more while a loaded server parses the chunks in steps): the bound, 2 MiB, leaves
+    room for them and is still under what the old allowance let through before any answer."""
+    chunks = b"1\r\nx\r\n" * 50_000
     head = (b"POST /topics/many HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
             + chunks + b"0\r\nX-Trailer: ")
     answered_after, sent, answer = raw.send_until_answered(served, head, b"a" * 65536,
                                                         8 * 1024 * 1024)
-    assert answered_after is not None and answered_after <= 1024 * 1024, (
+    assert answered_after is not None and answered_after <= 2 * 1024 * 1024, (
         f"no answer after {sent} bytes of trailer")
     assert raw.status(answer) == 431, answer[:200]
     assert served.messages("many") == []
