@@ -217,6 +217,10 @@ class DeliveryWatcher:
             self._unlist(message_id, wait)
         return True
 
+    def cut(self, wait: _Wait) -> None:
+        """End ``wait`` now, answered "not delivered" (its client has gone)."""
+        self._finish(wait, False)
+
     def _finish(self, wait: _Wait, value: bool) -> None:
         if self._end(wait):
             _answer(wait.on_done, value)

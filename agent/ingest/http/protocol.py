@@ -11,6 +11,9 @@ One ``HttpProtocol`` per connection, an ``asyncio.Protocol`` feeding
   (``header_timeout_seconds``, from the connection's start or the last answer), its body
   (``body_timeout_seconds``, 408), or nothing after an answer (``keep_alive_seconds``).
   It applies after *every* answer, however early it came;
+- the work of one step of the event loop: a read is parsed ``STEP_BYTES`` at a time, and
+  after ``STEP_SECONDS`` the rest waits for the next step, so a body in 1-byte chunks (two
+  parser callbacks a byte) costs its own client time, not everyone's;
 - the trailer section of a chunked body, with its chunk framing: ``max_header_bytes`` plus
   ``CHUNK_FRAMING_BYTES`` a chunk (431);
 - a write deadline: answers left unread above the transport's high-water mark for
@@ -22,7 +25,9 @@ What is not HTTP/1.1 as Ferry speaks it is refused on the headers: a version oth
 (505), an HTTP/1.1 request without exactly one ``Host`` (400), a ``Transfer-Encoding`` other
 than ``chunked`` alone (501). ``Upgrade`` is ignored (RFC 9110 §7.8): the request is served
 as plain HTTP/1.1, body included, and the connection closed after it. A client that shuts
-its sending side after whole requests gets their answers, then the close.
+its sending side after whole requests gets their answers, then the close; a publish waiting
+for Kafka's acknowledgement then is answered at once with what is known (202), since a client
+that closed looks the same.
 
 Requests are answered one at a time and in order (pipelining): a request parsed while
 another is being answered waits in the connection's queue. Any answer given before a
@@ -61,8 +66,10 @@ from agent.process.log_limit import LogLimit
 
 log = logging.getLogger(__name__)
 
-# Publisher.direct(topic, batch, headers, body, reply).
-DirectPublish = Callable[[str, bool, list[tuple[bytes, bytes]], bytes, Reply], None]
+# Publisher.direct(topic, batch, headers, body, reply) -> a publish's Cut, if it waits for
+# Kafka: called, it is answered at once with what is known (its client has gone).
+DirectPublish = Callable[[str, bool, list[tuple[bytes, bytes]], bytes, Reply],
+                         Callable[[], None] | None]
 # The body limit of a publish: body_limit(topic, batch) -> bytes, and its 413.
 BodyLimit = Callable[[str, bool], int]
 TooLarge = Callable[[str, bool, int], HttpError]
@@ -97,6 +104,15 @@ EXACT_LIMIT_FROM = 64 * 1024
 # Bytes of a chunked body that are not the body (chunk sizes, extensions, CRLFs, trailers)
 # allowed per chunk, on top of http.max_header_bytes for the trailer section (issue #29 E).
 CHUNK_FRAMING_BYTES = 64
+# Parsing is bounded per loop step (#37 N5): a read is fed to the parser a slice of
+# STEP_BYTES at a time, and once a connection's reads have taken STEP_SECONDS in this step
+# of the loop, the rest waits for the next one (reading paused meanwhile). A 256 KiB read
+# of a body in 2-byte chunks is some 37,000 chunks, 110,000 parser callbacks: parsed at
+# once, as the loop read each connection until its socket was empty, four such bodies kept
+# another client waiting 4 to 20 s. A slice of 1-byte chunks takes 1-2 ms on the 2-vCPU dev
+# VM, so a step takes at most about 4 ms.
+STEP_BYTES = 16 * 1024
+STEP_SECONDS = 0.002
 # Targets up to this long are remembered by _topic_target (a legal topic name is at most 249
 # characters; longer ones, which cannot publish, are not worth the memory).
 _REMEMBERED_TARGET_BYTES = 512
@@ -200,14 +216,15 @@ class Request:
 
     __slots__ = ("method", "url", "headers", "parts", "size", "limit", "keep_alive",
                  "version", "topic", "batch", "error", "encoding", "publish", "exact",
-                 "framing", "held", "check_at")
+                 "framing", "held", "check_at", "cut")
 
     def __init__(self) -> None:
         self.method = b""
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
-        # The body: its first read as it came, then one bytearray growing in place. A list
-        # of the parser's pieces cost about 28 times the body in 2-byte chunks (#37 N5).
+        # The body: its first read as it came, then one bytearray growing in place
+        # (HttpProtocol.on_body). A list of the parser's pieces cost about 28 times the body
+        # in 2-byte chunks (#37 N5).
         self.parts: list[bytes | bytearray] = []
         self.size = 0
         self.limit = OTHER_BODY_LIMIT
@@ -227,6 +244,8 @@ class Request:
         self.framing: bytes | None = None
         # Answer this instead of running the request, then close (a limit, a parse error).
         self.error: HttpError | None = None
+        # Ends a publish's wait for Kafka now (Publisher.direct's Cut): its client has gone.
+        self.cut: Callable[[], None] | None = None
 
     @property
     def body(self) -> bytes:
@@ -235,16 +254,6 @@ class Request:
             return b""
         first = parts[0]
         return first if type(first) is bytes else bytes(first)
-
-    def add(self, body: bytes) -> None:
-        parts = self.parts
-        if not parts:
-            parts.append(body)
-            return
-        first = parts[0]
-        if type(first) is bytes:
-            parts[0] = first = bytearray(first)
-        cast(bytearray, first).extend(body)
 
     @classmethod
     def refusal(cls, error: HttpError, of: Request | None) -> Request:
@@ -263,12 +272,11 @@ class _BodyOnly:
     is fed a stand-in head, of which nothing is wanted (httptools calls only the callbacks
     its target has), then the body, which goes to the connection as any body does."""
 
-    __slots__ = ("on_body", "on_chunk_header", "on_chunk_complete", "on_message_complete")
+    __slots__ = ("on_body", "on_chunk_header", "on_message_complete")
 
     def __init__(self, conn: HttpProtocol) -> None:
         self.on_body = conn.on_body
         self.on_chunk_header = conn.on_chunk_header
-        self.on_chunk_complete = conn.on_chunk_complete
         self.on_message_complete = conn.on_message_complete
 
 
@@ -348,16 +356,24 @@ class HttpProtocol(asyncio.Protocol):
         self.head_bytes = 0  # header bytes read while the headers were incomplete
         self.head_parsed = 0  # header bytes the parser handed over
         self.tail = b""
+        # Bytes read and not parsed yet, left for the next step of the loop (_take), and the
+        # step's end; ``turn`` starts the next step. ``holding``: reading is paused for them.
+        self.rest: bytes | None = None
+        self.step_end = 0.0
+        self.turn: asyncio.Handle | None = None
+        self.holding = False
+        self.held_since = 0.0  # loop time when the bytes held now were first held back
+        self.eof_held = False  # the client's EOF came while bytes were held back
         self.eof = False  # the client shut its sending side: answer what came, then close
         self.write_timer: asyncio.TimerHandle | None = None
         self.chunks = 0  # chunks of the body being parsed
         self.overhead = 0  # bytes of it that were not body (chunk framing, trailers)
         # The trailer section (#37 N3, N4): a chunk whose size line was read and none of its
-        # data may be the last one, followed by trailer fields. Bytes read in that state are
-        # counted against http.max_header_bytes alone, however many chunks came before.
-        self.in_chunk = False
+        # data may be the last one, followed by trailer fields. Bytes read in that state
+        # (chunks > 0 and not chunk_data) are counted against http.max_header_bytes alone,
+        # however many chunks came before. The parser calls back twice a chunk (its size
+        # line, its data) and nothing more: a body in 2-byte chunks is a call a byte.
         self.chunk_data = False
-        self.read_chunks = 0  # chunk size lines in the current read
         self.trailer = 0
         self.trailer_fields = 0
         # Closed with answers still unwritten (#37 N2): counted against the cap and aborted
@@ -419,12 +435,21 @@ class HttpProtocol(asyncio.Protocol):
             self.draining.cancel()
             self.draining = None
         self._stop_write_timer()
+        if self.turn is not None:
+            self.turn.cancel()
+            self.turn = None
+        self.rest = None
         # What is being parsed or queued is never answered: its budget is free now. The
         # request being answered gives its own back when its answer comes (_answer).
         if request is not None:
             self._drop(request)
         for queued in self.queue:
             self._drop(queued)
+        # A publish waiting for Kafka's acknowledgement is answered now, to nobody: its wait
+        # and its body's budget are not held until the topic's ack_timeout_ms.
+        current = self.current
+        if current is not None and current.cut is not None:
+            current.cut()
         # The protocol and its parser reference each other, so this object lives until the
         # cyclic collector runs: drop what it holds now, or an abandoned 16 MiB body stays
         # in memory until then (issue #29 D). Nothing queued can be answered any more.
@@ -524,25 +549,96 @@ class HttpProtocol(asyncio.Protocol):
                 if self.lingered > LINGER_BYTES:
                     self.close()
             return
+        if self.rest is not None:
+            # A transport that hands over bytes after pause_reading(): after the held ones.
+            self.rest += data
+            return
+        self._take(data)
+
+    def _take(self, data: bytes) -> None:
+        """Parse ``data`` within the loop step's time; hold back what is left (#37 N5).
+
+        A small read first in its step is parsed at once (the common case: no clock, no
+        callback). Otherwise the step's end is set (shared by the reads of this step: the
+        loop reads a connection until its socket is empty, up to 32 reads) and ``data`` is
+        fed a slice at a time until it is all parsed or the step is over. A new step parses
+        at least one slice, however late the clock: a thread preempted between setting the
+        step's end and parsing would otherwise hold everything back, step after step.
+        """
+        fresh = self.turn is None
+        if fresh:
+            if len(data) <= STEP_BYTES:
+                self._read(data)
+                return
+            self.step_end = time.perf_counter() + STEP_SECONDS
+            self.turn = self.loop.call_soon(self._next_step)
+        size = len(data)
+        at = 0
+        while at < size:
+            if self.read_paused or (not fresh and time.perf_counter() >= self.step_end):
+                self._hold(data[at:] if at else data)
+                return
+            fresh = False
+            self._read(data if size <= STEP_BYTES else data[at:at + STEP_BYTES])
+            at += STEP_BYTES
+            if self.stopped:
+                return  # refused, or after a Connection: close: the rest is never parsed
+
+    def _hold(self, rest: bytes) -> None:
+        self.rest = rest
+        if not self.holding:
+            self.holding = True
+            self.held_since = self.loop.time()
+            if not self.read_paused and self.transport is not None:
+                self.transport.pause_reading()
+
+    def _next_step(self) -> None:
+        """A new step of the loop: parse what was held back, within the step's time."""
+        self.turn = None
+        rest = self.rest
+        if rest is None or self.closed:
+            return
+        if self.read_paused and not self.stopped:
+            return  # the queue is full: _next goes on once it has room
+        self.rest = None
+        if not self.stopped:
+            self._take(rest)
+        if self.rest is not None:
+            return  # still more: the step that _take scheduled goes on
+        self.holding = False
+        if self.parsing == "body":
+            self.since += self._held_for()  # the body's deadline skips the time held
+        if self.eof_held:
+            self.eof_held = False
+            if self.eof_received() is None and not self.closed:
+                self.close()
+            return
+        if not self.read_paused and not self.closed and self.transport is not None:
+            self.transport.resume_reading()
+
+    def _read(self, data: bytes) -> None:
+        """Parse one read's worth, and check what only a whole read tells."""
         if self.parsing == "headers" and not self._head_fits(data):
             return
         request = self.request
         in_body = self.parsing == "body"
         size = request.size if request is not None else 0
-        self.read_chunks = 0
+        chunks = self.chunks
         self._feed(data)
         if (in_body and request is not None and request is self.request
                 and self.parsing == "body" and self.chunks):
             # The whole read was inside one chunked body: what is not body is framing or
             # trailers, which the parser gathers without a limit (issue #29 E).
-            overhead = len(data) - (request.size - size)
+            body = request.size - size
+            overhead = len(data) - body
             self.overhead += overhead
-            if self.in_chunk and not self.chunk_data:
+            if body:
+                self.trailer = 0  # data came for a chunk: what was counted was not a trailer
+            if not self.chunk_data:
                 # After a chunk's size line and none of its data: the trailer section, if
                 # that chunk was the last. Counted alone (framing allowed only for the
-                # chunks of this read), so its limit does not grow with the chunks (#37 N4);
-                # data arriving for the chunk clears the count (on_body).
-                self.trailer += max(0, overhead - CHUNK_FRAMING_BYTES * self.read_chunks)
+                # chunks of this read), so its limit does not grow with the chunks (#37 N4).
+                self.trailer += max(0, overhead - CHUNK_FRAMING_BYTES * (self.chunks - chunks))
             limit = self.limits.header_bytes
             if (self.overhead > limit + CHUNK_FRAMING_BYTES * self.chunks
                     or self.trailer > limit):
@@ -671,7 +767,7 @@ class HttpProtocol(asyncio.Protocol):
         self.since = self.loop.time()  # the body's deadline runs from here
         self.after_answer = False
         self.chunks = self.overhead = self.trailer = self.trailer_fields = 0
-        self.in_chunk = self.chunk_data = False
+        self.chunk_data = False
         length = None
         coding = None
         expect = False
@@ -736,14 +832,10 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_chunk_header(self) -> None:
         self.chunks += 1
-        self.read_chunks += 1
-        self.in_chunk = True
         self.chunk_data = False
 
-    def on_chunk_complete(self) -> None:
-        self.in_chunk = False
-
     def on_body(self, body: bytes) -> None:
+        # Called for every chunk's data: kept to the few steps each byte must take.
         request = self.request
         assert request is not None
         size = len(body)
@@ -759,8 +851,14 @@ class HttpProtocol(asyncio.Protocol):
             raise _Fatal(self.budget.spent())
         request.held += size
         self.chunk_data = True
-        self.trailer = 0
-        request.add(body)
+        parts = request.parts
+        if not parts:
+            parts.append(body)
+            return
+        first = parts[0]
+        if type(first) is bytes:
+            parts[0] = first = bytearray(first)
+        first += body
 
     def on_message_complete(self) -> None:
         request = self.request
@@ -819,7 +917,10 @@ class HttpProtocol(asyncio.Protocol):
             if (self.read_paused and len(self.queue) < MAX_QUEUED // 2
                     and self.queued_bytes < MAX_QUEUED_BYTES // 2 and self.transport):
                 self.read_paused = False
-                self.transport.resume_reading()
+                if not self.holding:
+                    self.transport.resume_reading()
+                elif self.turn is None:  # bytes held back wait for this: parse them next
+                    self.turn = self.loop.call_soon(self._next_step)
             if request.error is not None:
                 self._refused(request, request.error)
                 return
@@ -837,7 +938,13 @@ class HttpProtocol(asyncio.Protocol):
     def _run(self, request: Request) -> None:
         reply = functools.partial(self._answer, request)
         if request.publish:
-            self.publish(request.topic, request.batch, request.headers, request.body, reply)
+            cut = self.publish(request.topic, request.batch, request.headers, request.body,
+                               reply)
+            if cut is not None:
+                if self.eof:
+                    cut()  # after the client's EOF: answer what is known, without waiting
+                else:
+                    request.cut = cut
         else:
             self.asgi(self, request, reply)
 
@@ -963,6 +1070,9 @@ class HttpProtocol(asyncio.Protocol):
         if self.lingering:
             self.close()
             return None
+        if self.holding:
+            self.eof_held = True  # after the bytes held back (_next_step)
+            return True
         if self.current is None and not self.queue:
             return None  # nothing to answer: the transport closes itself
         request = self.request
@@ -973,6 +1083,13 @@ class HttpProtocol(asyncio.Protocol):
             self.request = None
         self.parsing = None
         self.stopped = self.eof = True
+        # A publish waiting for Kafka's acknowledgement (201) is answered now with what is
+        # known (202, stored): the client may have closed rather than shut its sending side,
+        # which looks the same from here, and would otherwise hold its connection, busy and
+        # so under the connection cap, for up to the topic's ack_timeout_ms (issue #37).
+        current = self.current
+        if current is not None and current.cut is not None:
+            current.cut()
         return True  # keep the transport open for the answers; _answer closes after them
 
     # -- the deadline ----------------------------------------------------------------------
@@ -982,10 +1099,19 @@ class HttpProtocol(asyncio.Protocol):
             return None
         limits = self.limits
         if self.parsing == "body":
-            return self.since + limits.body_timeout
+            # The body's deadline is the client's: time its bytes wait for the server
+            # (held back, _take) does not count, or on a starved host bodies parsed side by
+            # side would all be refused 408 though every byte had come.
+            return self.since + limits.body_timeout + (self._held_for() if self.holding
+                                                       else 0.0)
         if self.after_answer and self.parsing is None:
             return self.since + min(limits.keep_alive, limits.header_timeout)
         return self.since + limits.header_timeout
+
+    def _held_for(self) -> float:
+        """How long the bytes held back have waited for the server, since the body (of
+        the request now being read) began, if it began while they waited."""
+        return max(0.0, self.loop.time() - max(self.held_since, self.since))
 
     def _arm(self) -> None:
         """One timer per connection: set it no later than the current deadline. Most waits

@@ -190,7 +190,7 @@ class Publisher:
 
     # -- direct: no ASGI -------------------------------------------------------------------
     def direct(self, topic: str, batch: bool, headers: list[tuple[bytes, bytes]],
-               body: bytes, reply: Reply) -> None:
+               body: bytes, reply: Reply) -> Cut | None:
         """Publish a request whose whole body came with its headers, then ``reply()``.
 
         The server's protocol calls this on the event loop for most publishes (protocol.py,
@@ -199,6 +199,11 @@ class Publisher:
         ``__call__``. The common case (no Idempotency-Key, no wait for Kafka) runs on
         callbacks: ``reply`` is called once the commit is durable, or at once for a refusal.
         The rest keeps the coroutine, as its own task.
+
+        A publish that will wait for Kafka (201) on callbacks returns its ``Cut``: the
+        connection calls it when its client leaves or stops sending, and the publish is
+        answered at once with what is known (202 once stored) instead of at the topic's
+        ack_timeout_ms. Otherwise None.
         """
         if self._loop is None:
             self._bind()  # before any task is counted in direct_in_flight
@@ -210,7 +215,9 @@ class Publisher:
                 task = asyncio.get_running_loop().create_task(self._store(request, body))
                 self._tasks.add(task)
                 task.add_done_callback(functools.partial(self._stored, request, reply))
-                return
+                return None
+            if self._waits_for_kafka(request.settings):
+                request.cut = Cut()
             codec = self._codec(request)
             if self._off_loop(request, codec, body):
                 assert self._loop is not None
@@ -218,16 +225,18 @@ class Publisher:
                                                        request, codec, body)
                 self._direct_pending += 1
                 converted.add_done_callback(functools.partial(self._converted, request, reply))
-                return
+                return request.cut
             records = self._convert(request, codec, body)
             if request.oversize:
                 self._judge_oversize(request, records, reply)
-                return
+                return None
             self._hand(request, records, reply)
+            return request.cut
         except Exception as exc:  # noqa: BLE001 - refusals, and bugs (500, logged)
             status, out_headers, answer = self._refused(exc, topic)
             self.counters.add_key(_REQUESTS[batch][status])
             reply(status, out_headers, answer)
+            return None
 
     def _hand(self, request: _Request, records: list[Record], reply: Reply) -> None:
         """Rate-limit and queue a direct publish's records for the writer."""
@@ -329,9 +338,13 @@ class Publisher:
             self._committed(request, n, reply, result)
             return
         _, watcher = self._bind()
-        timeout_ms = request.settings.ack_timeout_ms  # bounded by TopicConfig
-        watcher.watch_call(request.topic, ids, timeout_ms / 1000,
-                           functools.partial(self._acknowledged, request, ids, reply))
+        cut = request.cut
+        # Bounded by TopicConfig; none left if the client went away meanwhile.
+        timeout_ms = 0 if cut is not None and cut.done else request.settings.ack_timeout_ms
+        wait = watcher.watch_call(request.topic, ids, timeout_ms / 1000,
+                                  functools.partial(self._acknowledged, request, ids, reply))
+        if cut is not None and wait is not None:
+            cut.watcher, cut.wait = watcher, wait
 
     def _acknowledged(self, request: _Request, ids: list[bytes], reply: Reply,
                       delivered: bool) -> None:
@@ -817,11 +830,32 @@ def _ids(result: Any, n: int) -> list[bytes]:
     raise AssertionError(f"unexpected commit result {result!r}")
 
 
+class Cut:
+    """Cuts short a direct publish's wait for Kafka: called (by the connection, protocol.py)
+    when its client has left or stopped sending, it answers the publish at once with what is
+    known, 202 once stored, rather than at the topic's ack_timeout_ms. A client that closed
+    while its 201 was awaited held its connection, busy and so under the connection cap,
+    for up to a minute (issue #37). Called before the wait began, the wait never begins."""
+
+    __slots__ = ("done", "watcher", "wait")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.watcher: DeliveryWatcher | None = None
+        self.wait: Any = None  # the watcher's _Wait
+
+    def __call__(self) -> None:
+        self.done = True
+        if self.watcher is not None and self.wait is not None:
+            self.watcher.cut(self.wait)
+            self.wait = None
+
+
 class _Request:
     """What ``_check`` learnt from a publish request's path and headers."""
 
     __slots__ = ("topic", "batch", "settings", "limit", "ctype", "pkey", "fpk", "ikey",
-                 "partition_key", "kafka_headers", "ts", "oversize", "kafka_limit")
+                 "partition_key", "kafka_headers", "ts", "oversize", "kafka_limit", "cut")
 
     def __init__(self, topic: str, batch: bool, settings: TopicConfig) -> None:
         self.topic = topic
@@ -839,6 +873,7 @@ class _Request:
         # the producer's compression: _kafka_verdict decides them.
         self.oversize: list[int] = []
         self.kafka_limit: tuple[Limit, str] | None = None
+        self.cut: Cut | None = None  # a direct publish that will wait for Kafka
 
 
 class _Disconnected(Exception):
