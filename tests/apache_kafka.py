@@ -18,6 +18,8 @@ Settings that differ from a broker's defaults, and why (everything else is Kafka
   failure tests wait less. The mechanism is the same.
 - 10 partitions (default 50) for ``__consumer_offsets`` and ``__transaction_state``, a small
   log-cleaner buffer and few network/IO threads: five JVMs on a 2-core machine.
+- The JVMs run with the C1 compiler alone (``-XX:TieredStopAtLevel=1``): starts and restarts,
+  which Kafka tests wait on, cost less CPU; test traffic needs no C2 code.
 """
 
 from __future__ import annotations
@@ -385,6 +387,11 @@ class KafkaCluster:
             "-Xms128m",
             "-XX:+UseG1GC",
             "-XX:MaxGCPauseMillis=20",
+            # C1 only: a node's start is mostly JIT work, which C2 makes several times
+            # costlier, and on a shared 2-core host the start of each JVM (a cluster's,
+            # every restart's) is what Kafka tests wait on; the brokers here carry test
+            # traffic, far below what C1's code sustains.
+            "-XX:TieredStopAtLevel=1",
             # A node out of memory stops at once with the error in its log, rather than
             # living on with a dead thread (a controller channel) and failing tests obscurely.
             "-XX:+ExitOnOutOfMemoryError",

@@ -20,6 +20,9 @@ PROBE = KafkaClusterConfig().probe_interval_seconds
 # The verdict reaches `ferry status` through the forwarder's metrics snapshots (4 a second)
 # and this test's polling; on a shared, loaded 2-vCPU host that is well within this.
 SLACK = 3.0
+# An idle period four times outage_after_seconds and four probe periods: the old verdict
+# (time since the last acknowledgement) called the cluster down after one.
+IDLE = 4 * max(OUTAGE_AFTER, PROBE)
 
 
 def status(agent: AgentProcess) -> tuple[int, str]:
@@ -90,9 +93,9 @@ def test_idle_then_burst_sends_nothing_to_the_remote_cluster(tmp_path: Path) -> 
             wait_until(lambda: all(c["state"] == "up"
                                    for c in agent.get_json("/status/clusters")["clusters"]),
                        timeout=10, message="both clusters up")
-            # The scenario itself, not a synchronisation: 16 s without any traffic, longer
-            # than outage_after_seconds several times over.
-            time.sleep(16)
+            # The scenario itself, not a synchronisation: IDLE seconds without any traffic,
+            # longer than outage_after_seconds several times over.
+            time.sleep(IDLE)
             burst = [b"burst-%03d" % i for i in range(200)]
             with FerryClient(agent.socket_path) as client:
                 for v in burst:

@@ -91,12 +91,13 @@ def _key_order_broken(records: list[ConsumedMessage]) -> list[bytes]:
 # --------------------------------------------------------------------------------------------
 
 
-def _zombie_config(root: Path, bootstrap: str, topic: str, identity: str) -> FerryConfig:
+def _zombie_config(root: Path, bootstrap: str, topic: str, identity: str,
+                   **forwarder: int) -> FerryConfig:
     return FerryConfig.model_validate({
         "buffer": {"path": str(root / "buffer"), "max_bytes": 64 * 1024 * 1024},
         "kafka": {"local": {"bootstrap_servers": bootstrap}},
         "forwarder": {"agent_id": identity, "linger_ms": 1, "transaction_interval_ms": 200,
-                      "progress_topic": f"{topic}-progress"},
+                      "progress_topic": f"{topic}-progress", **forwarder},
         "topics": {topic: {"delivery": "exactly_once", "acks": "all"}},
     })
 
@@ -473,6 +474,13 @@ def test_a_fence_behind_the_exception_a_callback_raised_still_stops_the_topics(
 # --------------------------------------------------------------------------------------------
 
 HOLD_SECONDS = CALL_TIMEOUT + 5
+# The EndTxn case: the commit gives up after transaction_commit_timeout_ms (30 s by default)
+# and librdkafka's requests after request.timeout.ms (30 s by default, or message_timeout_ms
+# less linger_ms). Both 10 s there, as both are 30 s by default; the hold outlasts them by
+# 5 s, as HOLD_SECONDS outlasts CALL_TIMEOUT, so the new producer's InitProducerId is held
+# too.
+END_TXN_TIMEOUT_MS = 10_000
+END_TXN_HOLD_SECONDS = END_TXN_TIMEOUT_MS / 1000 + 5
 
 
 def _coordinator_log(cluster: KafkaCluster, node: int, transactional_id: str) -> list[str]:
@@ -498,7 +506,8 @@ def test_an_end_txn_held_past_the_commit_timeout_lands_late_and_nothing_is_sent_
     """The real sender, in this process, on 300 buffered messages; the moment its first
     transaction has every record and its progress record acknowledged, the coordinator's
     proxy is held, so the EndTxn (commit) is what waits. Ferry's commit gives up after its
-    30 s call timeout, drops the producer and opens a new one, whose InitProducerId is held
+    commit timeout (``transaction_commit_timeout_ms``, 10 s here, and librdkafka's request
+    timeout with it), drops the producer and opens a new one, whose InitProducerId is held
     in turn until the restore; the held EndTxn reaches the coordinator after its client gave
     up (when the old connection closes, or at the restore). Whichever the coordinator
     settles first, the late commit or the new producer's epoch bump, a read_committed reader
@@ -531,7 +540,9 @@ def test_an_end_txn_held_past_the_commit_timeout_lands_late_and_nothing_is_sent_
     messages = _LogLines()
     sender_log = logging.getLogger("agent.forwarder.transactions")
     sender_log.addHandler(messages)
-    config = _zombie_config(tmp_path, cluster.proxied_bootstrap, topic, identity)
+    config = _zombie_config(tmp_path, cluster.proxied_bootstrap, topic, identity,
+                            transaction_commit_timeout_ms=END_TXN_TIMEOUT_MS,
+                            message_timeout_ms=END_TXN_TIMEOUT_MS)
     store = Store(config.buffer.path, config.buffer.max_bytes)
     registry = Registry()
     sender = _sender(config, store, registry)
@@ -543,12 +554,12 @@ def test_an_end_txn_held_past_the_commit_timeout_lands_late_and_nothing_is_sent_
         try:
             wait_until(lambda: held, timeout=60, message="the first commit reached")
             wait_until(lambda: registry.view().total("transactions_aborted") >= 1,
-                       timeout=CALL_TIMEOUT + 30, interval=0.1,
+                       timeout=END_TXN_HOLD_SECONDS + 30, interval=0.1,
                        message="the held commit given up")
             gave_up = time.monotonic() - held[0]
             # Then hold on past the give-up, so the new producer's InitProducerId waits too:
             # the length of the delay is the point of the test.
-            time.sleep(max(0.0, held[0] + HOLD_SECONDS - time.monotonic()))
+            time.sleep(max(0.0, held[0] + END_TXN_HOLD_SECONDS - time.monotonic()))
         finally:
             if coordinator:
                 cluster.proxy(coordinator[0]).restore()
@@ -572,7 +583,7 @@ def test_an_end_txn_held_past_the_commit_timeout_lands_late_and_nothing_is_sent_
         node_log.seek(log_offset[0])
         (artifacts_dir / "coordinator-node.log").write_bytes(node_log.read())
     doc = {
-        "hold_seconds": HOLD_SECONDS, "coordinator": coordinator[0],
+        "hold_seconds": END_TXN_HOLD_SECONDS, "coordinator": coordinator[0],
         "commit_gave_up_after": round(gave_up, 1),
         "drained_after_restore": round(drained, 1),
         "late_end_txn": "committed the batch" if removed == N else "fenced: batch aborted",

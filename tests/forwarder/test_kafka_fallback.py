@@ -1,8 +1,9 @@
 """Remote-datacenter fallback between two real Apache Kafka clusters.
 
-The local cluster is three nodes of its own (the shared one must not be killed whole), the
-remote one a single node. A ``fallback_to_remote`` topic is published to over HTTP without
-pause; mid-stream, every local node is SIGKILLed at once. Then:
+The local cluster is three nodes of its own (the shared one must not be killed whole); the
+remote one is the shared cluster (``apache_kafka``), which nothing here stops: only the local
+JVMs are started for this module. A ``fallback_to_remote`` topic is published to over HTTP
+without pause; mid-stream, every local node is SIGKILLed at once. Then:
 
 - the local cluster is reported down within the documented bound (docs/design.md, "Cluster
   state": ``outage_after_seconds`` plus one probe period), with its cause;
@@ -16,7 +17,6 @@ pause; mid-stream, every local node is SIGKILLed at once. Then:
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,38 +44,18 @@ STATUS_SLACK = 2.0
 
 
 @pytest.fixture(scope="module")
-def datacenters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KafkaCluster,
-                                                                           KafkaCluster]]:
-    root = tmp_path_factory.mktemp("two-datacenters")
-    local = KafkaCluster(root / "local", nodes=3, start_timeout=240)
-    remote = KafkaCluster(root / "remote", nodes=1, start_timeout=240)
-    # Both started at once: the JVMs' start-up is most of this module's time.
-    errors: list[BaseException] = []
-
-    def start(cluster: KafkaCluster) -> None:
-        try:
-            cluster.start()
-        except BaseException as exc:  # noqa: BLE001 - raised below, in the test's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=start, args=(c,)) for c in (local, remote)]
-    try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if errors:
-            raise errors[0]
-        yield local, remote
-    finally:
-        local.stop()
-        remote.stop()
+def local_datacenter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """The local datacenter: three nodes of its own, since the test kills it whole."""
+    with KafkaCluster(tmp_path_factory.mktemp("local-datacenter"), nodes=3,
+                      start_timeout=240) as local:
+        yield local
 
 
 def test_whole_local_cluster_killed_mid_traffic_falls_back_and_returns(
-    tmp_path: Path, datacenters: tuple[KafkaCluster, KafkaCluster], unique_topic: str
+    tmp_path: Path, local_datacenter: KafkaCluster, apache_kafka: KafkaCluster,
+    unique_topic: str
 ) -> None:
-    local, remote = datacenters
+    local, remote = local_datacenter, apache_kafka
     topic = unique_topic
     local.create_topic(topic, PARTITIONS)
     remote.create_topic(topic, PARTITIONS)

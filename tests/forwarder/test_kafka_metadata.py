@@ -179,6 +179,9 @@ def test_topic_deleted_and_recreated_mid_stream(
     assert new_topic, "nothing reached the re-created topic"
 
 
+PROPAGATION_MS = 5000
+
+
 @pytest.fixture
 def no_auto_create(tmp_path: Path) -> Iterator[KafkaCluster]:
     with KafkaCluster(tmp_path / "kafka", nodes=1, auto_create_topics=False,
@@ -190,8 +193,15 @@ def test_missing_topic_with_auto_create_off_is_reported_and_kept_until_created(
     tmp_path: Path, no_auto_create: KafkaCluster, unique_topic: str
 ) -> None:
     topic = unique_topic
+    # librdkafka holds a send to a topic the cluster says does not exist for
+    # topic.metadata.propagation.max.ms (30 s by default) before failing it, which is when
+    # the topic is reported stuck. Here it holds them 5 s: still well past
+    # outage_after_seconds (2 s), so sends held unanswered would make the cluster down, as
+    # they once did, and each retry is held again while the test looks.
     config = write_config(tmp_path / "agent", no_auto_create.bootstrap,
-                          topics={topic: {"acks": "all"}})
+                          topics={topic: {"acks": "all"}},
+                          extra='[kafka.local.properties]\n'
+                                f'"topic.metadata.propagation.max.ms" = {PROPAGATION_MS}\n')
     with AgentProcess(config) as agent:
         t0 = time.monotonic()
         acknowledged = publish(agent, topic, "waiting", 50)
@@ -210,7 +220,8 @@ def test_missing_topic_with_auto_create_off_is_reported_and_kept_until_created(
         assert log_lines(agent, f"topic {topic} cannot be delivered"), agent.log_tail()
         assert agent.buffered() == {topic: 50}
         # The cluster itself is fine, and was all along: only the topic waits. (Its sends,
-        # held by librdkafka for 30 s each time, once made the whole cluster "down".)
+        # held by librdkafka for PROPAGATION_MS each time, once made the whole cluster
+        # "down".)
         assert cluster_row(doc, "local")["state"] == "up"
         assert not log_lines(agent, "cluster local is down"), agent.log_tail()
 
