@@ -298,6 +298,11 @@ class ForwarderConfig(_Section):
     restart_backoff_max_seconds: float = Field(default=30.0, gt=0, le=3600, allow_inf_nan=False)
     restart_healthy_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     restart_max_crashes: int = Field(default=10, ge=0)
+    # The forwarder connects to Kafka after a random delay of up to this long when it starts
+    # (or restarts): agents of a fleet restarted together (a package upgrade, a configuration
+    # push) then reach the cluster spread over this window, not in the same second, and their
+    # probes do not stay in step. Messages are taken and stored meanwhile. 0: at once.
+    start_jitter_seconds: float = Field(default=0.0, ge=0, le=600, allow_inf_nan=False)
     # Exactly-once topics (delivery = "exactly_once"): this agent's identity, which names its
     # transactional.id and its progress records. Empty: /etc/machine-id, else the host name.
     # Two running agents must never share one (docs/design.md, "Agent identity").

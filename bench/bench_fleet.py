@@ -2,7 +2,8 @@
 storm (issue #38, items 2 and 3).
 
     .venv/bin/python bench/bench_fleet.py [--agents 1,5,20] [--busy 20] [--idle 40]
-                                          [--rate 20] [--storm 20] [--version 4.1.2]
+                                          [--rate 20] [--storm 20] [--storm-jitter 10]
+                                          [--version 4.1.2]
 
 One 3-node Apache Kafka cluster (``tests/apache_kafka.py``, RF 3, ``min.insync.replicas``
 2) whose client traffic crosses a counting proxy per node (``TcpProxy``: connections, and
@@ -23,7 +24,8 @@ a second by Kafka API; and for the idle window the brokers' CPU (the three JVMs,
 ``/proc/<pid>/stat``) per agent, above the same cluster with no agent at all.
 
 **Restart storm** (``--storm`` agents, 0 for none): the agents are stopped with SIGTERM all
-at once and started again all at once. It prints the connections the cluster accepted in
+at once and started again all at once, with the default ``start_jitter_seconds`` (0) and
+then with each of ``--storm-jitter``. It prints the connections the cluster accepted in
 the busiest 100 ms and the busiest second, the requests in the busiest second by API, how
 long until every agent's cluster was up and one message from each was delivered, and
 whether any agent logged a refused or failed connection.
@@ -133,7 +135,8 @@ def in_parallel(calls: Iterable[Callable[[], T]]) -> list[T]:
 
 
 class Fleet:
-    def __init__(self, cluster: KafkaCluster, root: Path, n: int, alo: str, eo: str) -> None:
+    def __init__(self, cluster: KafkaCluster, root: Path, n: int, alo: str, eo: str,
+                 jitter: float = 0.0) -> None:
         self.cluster, self.alo, self.eo = cluster, alo, eo
         self.ids = [f"fleet{n}-{i}" for i in range(n)]
         self.agents = []
@@ -141,7 +144,7 @@ class Fleet:
             config = write_config(
                 root / agent_id, cluster.proxied_bootstrap, http=True,
                 outage_after_seconds=10.0,
-                forwarder={"agent_id": agent_id},
+                forwarder={"agent_id": agent_id, "start_jitter_seconds": jitter},
                 topics={alo: {"acks": "all"}, eo: {"acks": "all", "delivery": "exactly_once"}},
                 extra=f'\n[kafka.local.properties]\n"client.id" = "{agent_id}"\n')
             self.agents.append(AgentProcess(config))
@@ -287,8 +290,7 @@ class Sampler:
         return per_tick, per_second, requests, by_api
 
 
-def storm(cluster: KafkaCluster, fleet: Fleet) -> None:
-    fleet.stop()
+def storm(cluster: KafkaCluster, fleet: Fleet, jitter: float) -> None:
     before = [a.log_path.stat().st_size if a.log_path.exists() else 0 for a in fleet.agents]
     with Sampler(cluster) as sampler:
         started = time.monotonic()
@@ -310,8 +312,9 @@ def storm(cluster: KafkaCluster, fleet: Fleet) -> None:
         failed += sum(1 for line in text.splitlines()
                       if "Connection refused" in line or "Connect to" in line)
     apis = ", ".join(f"{k} {v}" for k, v in sorted(by_api.items()))
-    print(f"restart storm, {len(fleet.agents)} agents: every cluster up {up:.1f} s after the "
-          f"start, one message from each delivered at {delivered:.1f} s; connections accepted "
+    print(f"restart storm, {len(fleet.agents)} agents, start_jitter_seconds {jitter:g}: "
+          f"every cluster up {up:.1f} s after the start, one message from each delivered "
+          f"at {delivered:.1f} s; connections accepted "
           f"{tick} in the busiest 100 ms, {second} in the busiest second; requests "
           f"{requests} in the busiest second ({apis}); "
           f"agents' log lines of refused or failed connects: {failed}")
@@ -325,6 +328,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=20.0,
                         help="datagrams a second per agent and topic while busy")
     parser.add_argument("--storm", type=int, default=20)
+    parser.add_argument("--storm-jitter", default="10",
+                        help="start_jitter_seconds of further storms, after one without")
     parser.add_argument("--version", default=kafka_version())
     args = parser.parse_args()
     counts = [int(n) for n in args.agents.split(",")]
@@ -359,7 +364,11 @@ def main() -> None:
                           + "; ".join(f"{k} {median_max(v)}" for k, v in rates.items())
                           + f" | {max(0.0, cpu - floor) / n:.4f} |", flush=True)
                     if n == args.storm:
-                        storm(kafka, fleet)
+                        for jitter in [0.0] + [float(j) for j in args.storm_jitter.split(",")
+                                               if j]:
+                            fleet.stop()
+                            fleet = Fleet(kafka, root / f"n{n}", n, alo, eo, jitter)
+                            storm(kafka, fleet, jitter)
                 finally:
                     for agent in fleet.agents:
                         agent.kill()

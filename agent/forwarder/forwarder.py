@@ -11,6 +11,7 @@ loop itself: its state, one step, the idle wait, and stopping.
 
 from __future__ import annotations
 
+import random
 import time
 from collections import deque
 from collections.abc import Callable
@@ -62,6 +63,8 @@ DELETE_BATCH_MESSAGES = 2000
 IDLE_WAIT = 0.002
 QUIET_AFTER = 0.5
 QUIET_WAIT = 0.05
+# How often the start jitter's wait looks whether the agent is stopping.
+START_JITTER_POLL = 0.1
 
 
 class Forwarder(Reading, Routing, Sending, Reports, Retries, StuckTopics, Leaving,
@@ -139,6 +142,9 @@ class Forwarder(Reading, Routing, Sending, Reports, Retries, StuckTopics, Leavin
 
     # -- the loop --------------------------------------------------------------------------
     def run(self, should_stop: Callable[[], bool]) -> None:
+        if not self._wait_start_jitter(should_stop):
+            self.shutdown()
+            return
         self.start_probing()
         self.exactly_once.start()
         last_work = time.monotonic()
@@ -151,6 +157,21 @@ class Forwarder(Reading, Routing, Sending, Reports, Retries, StuckTopics, Leavin
                 quiet = time.monotonic() - last_work >= QUIET_AFTER
                 self._wait(QUIET_WAIT if quiet else IDLE_WAIT)
         self.shutdown()
+
+    def _wait_start_jitter(self, should_stop: Callable[[], bool]) -> bool:
+        """Wait a random part of ``start_jitter_seconds`` before any Kafka client exists
+        (config.py says why). False when told to stop meanwhile."""
+        delay = random.uniform(0.0, self.config.forwarder.start_jitter_seconds)
+        if delay <= 0:
+            return True
+        log.info("connecting to Kafka in %.1f s (start_jitter_seconds=%g)",
+                 delay, self.config.forwarder.start_jitter_seconds)
+        until = time.monotonic() + delay
+        while (left := until - time.monotonic()) > 0:
+            if should_stop():
+                return False
+            time.sleep(min(left, START_JITTER_POLL))
+        return True
 
     def step(self) -> bool:
         """One pass: read and send, handle reports, retries and deletes. True if it did work."""
