@@ -34,7 +34,6 @@ whether any agent logged a refused or failed connection.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -54,10 +53,10 @@ from ferry_client import FerryClient  # noqa: E402
 from tests.agent_harness import AgentProcess, write_config  # noqa: E402
 from tests.apache_kafka import KafkaCluster, kafka_version  # noqa: E402
 from tests.kafka import TcpProxy  # noqa: E402
+from tests.proc_stats import cpu_seconds, established, group_pids  # noqa: E402
 from tests.waiting import wait_until  # noqa: E402
 
 PARTITIONS = 3
-TICK = os.sysconf("SC_CLK_TCK")
 IDLE_CONNECTION_SECONDS = 30.0  # the default, which the idle window waits out first
 API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit",
              9: "OffsetFetch", 10: "FindCoordinator", 18: "ApiVersions", 19: "CreateTopics",
@@ -65,51 +64,6 @@ API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "Offs
              26: "EndTxn", 28: "TxnOffsetCommit", 32: "DescribeConfigs",
              60: "DescribeCluster"}
 T = TypeVar("T")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (every thread), 0 if it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def group_pids(leader: int) -> list[int]:
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == leader:
-            pids.append(int(stat.parent.name))
-    return pids
-
-
-def established_to(pids: list[int], ports: set[int]) -> int:
-    """ESTABLISHED TCP connections of ``pids`` to any of ``ports``."""
-    inodes = set()
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(int(target[len("socket:["):-1]))
-    count = 0
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if fields[3] == "01" and int(fields[9]) in inodes \
-                and int(fields[2].rsplit(":", 1)[1], 16) in ports:
-            count += 1
-    return count
 
 
 def in_parallel(calls: Iterable[Callable[[], T]]) -> list[T]:
@@ -188,7 +142,7 @@ class Fleet:
 
     def connections(self) -> list[int]:
         ports = {p.port for p in proxies(self.cluster)}
-        return [established_to(group_pids(a.proc.pid), ports) for a in self.agents
+        return [len(established(group_pids(a.proc.pid), ports)) for a in self.agents
                 if a.proc is not None]
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import threading
@@ -44,47 +43,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hostspeed  # noqa: E402  (bench/, the script's own directory)
 
 from ferry_client import FerryClient  # noqa: E402
+from tests import proc_stats  # noqa: E402
 from tests.agent_harness import AgentProcess, write_config  # noqa: E402
 from tests.apache_kafka import KafkaCluster, kafka_version, newest_kafka_version  # noqa: E402
 from tests.kafka import read_topic  # noqa: E402
+from tests.proc_stats import group_pids  # noqa: E402
 from tests.waiting import wait_until  # noqa: E402
 
 PARTITIONS = 3
 OUTAGE_AFTER = 10.0
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _stat(path: Path) -> tuple[str, float] | None:
-    """(comm, user + system CPU seconds) of a /proc stat file, or None if it is gone."""
-    try:
-        text = path.read_text()
-    except OSError:
-        return None
-    comm = text[text.index("(") + 1:text.rindex(")")]
-    fields = text.rsplit(")", 1)[1].split()
-    return comm, (int(fields[11]) + int(fields[12])) / TICK
-
-
-def group_pids(leader: int) -> list[int]:
-    """Every process of the agent's process group (ingest, forwarder)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == leader:
-            pids.append(int(stat.parent.name))
-    return sorted(pids)
 
 
 def threads(pid: int) -> dict[str, float]:
     """CPU seconds per thread of ``pid``, by "comm/tid"."""
     out = {}
     for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
-        got = _stat(stat)
+        got = proc_stats.stat(stat)
         if got is not None:
-            out[f"{got[0]}/{stat.parent.name}"] = got[1]
+            out[f"{got[0]}/{stat.parent.name}"] = got[2]
     return out
 
 

@@ -27,6 +27,7 @@ from agent.buffer.store import Store
 from agent.config import load_config
 from agent.daemon.agent import Agent
 from agent.metrics import Registry
+from tests import proc_stats
 from tests.kafka import free_port
 from tests.waiting import wait_until
 
@@ -161,31 +162,17 @@ class AgentProcess:
         """CPU time (user + system) of every process of the agent's process group so far
         (it runs in a session of its own: the ingest process and the forwarder)."""
         assert self.proc is not None
-        total = 0
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue  # exited meanwhile
-            if int(fields[2]) == self.proc.pid:  # pgrp
-                total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
-        return total / os.sysconf("SC_CLK_TCK")
+        return sum(proc_stats.cpu_seconds(pid) for pid in proc_stats.group_pids(self.proc.pid))
 
     def thread_cpu_seconds(self) -> dict[str, float]:
         """CPU time so far per thread name (``comm``: librdkafka's ``rdk:broker1``, Python's
         ``python``) over the agent's process group: where a CPU bound went, when it fails."""
         assert self.proc is not None
-        tick = os.sysconf("SC_CLK_TCK")
         out: dict[str, float] = collections.defaultdict(float)
         for task in Path("/proc").glob("[0-9]*/task/[0-9]*/stat"):
-            try:
-                text = task.read_text()
-                name = text[text.index("(") + 1:text.rindex(")")]
-                fields = text.rsplit(")", 1)[1].split()
-            except (OSError, ValueError, IndexError):
-                continue  # exited meanwhile
-            if int(fields[2]) == self.proc.pid:
-                out[name] += (int(fields[11]) + int(fields[12])) / tick
+            got = proc_stats.stat(task)
+            if got is not None and got[1] == self.proc.pid:
+                out[got[0]] += got[2]
         return dict(out)
 
     def log_tail(self, lines: int = 60) -> str:

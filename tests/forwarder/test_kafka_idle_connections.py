@@ -14,7 +14,6 @@ socket's inode, ``/proc/net/tcp`` the inode's addresses and state.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -25,64 +24,46 @@ from ferry_client import FerryClient
 from tests.agent_harness import AgentProcess, write_config
 from tests.apache_kafka import KafkaCluster
 from tests.kafka import _reader, read_topic
+from tests.proc_stats import established, group_pids
 from tests.waiting import wait_until
 
 MESSAGES = 20
 # Low, to keep the test short; under 4 s librdkafka adds no jitter (it subtracts up to 2 s
 # from longer values), so every idle connection closes after this long.
 IDLE_SECONDS = 3.0
-TCP_ESTABLISHED = "01"
-
-
-def _group_pids(pgid: int) -> list[int]:
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # exited meanwhile
-        if int(fields[2]) == pgid:
-            pids.append(int(stat.parent.name))
-    return pids
-
-
-def _socket_inodes(pids: list[int]) -> set[int]:
-    inodes = set()
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue  # closed meanwhile
-            if target.startswith("socket:["):
-                inodes.add(int(target[len("socket:["):-1]))
-    return inodes
 
 
 def broker_connections(agent: AgentProcess, ports: set[int]) -> list[tuple[int, int]]:
     """(local port, broker port) of each ESTABLISHED connection of the agent to a broker."""
     assert agent.proc is not None
-    pids = _group_pids(agent.proc.pid)
-    inodes = _socket_inodes(pids)
-    found = []
-    for table in ("tcp", "tcp6"):
-        try:
-            lines = Path(f"/proc/{pids[0] if pids else 'self'}/net/{table}").read_text()
-        except OSError:
-            continue
-        for line in lines.splitlines()[1:]:
-            fields = line.split()
-            local, remote, state, inode = fields[1], fields[2], fields[3], int(fields[9])
-            if state != TCP_ESTABLISHED or inode not in inodes:
-                continue
-            remote_port = int(remote.rsplit(":", 1)[1], 16)
-            if remote_port in ports:
-                found.append((int(local.rsplit(":", 1)[1], 16), remote_port))
-    return sorted(found)
+    return established(group_pids(agent.proc.pid), ports)
+
+
+def _config(tmp_path: Path, bootstrap: str, unique_topic: str, idle_seconds: float,
+            outage_after_seconds: float = 2.0) -> Path:
+    """The agent of these tests: ``<unique_topic>-alo`` at-least-once with acks=all and
+    ``<unique_topic>-eo`` exactly-once, its connections closed after ``idle_seconds``."""
+    return write_config(
+        tmp_path, bootstrap, outage_after_seconds=outage_after_seconds,
+        cluster={"idle_connection_seconds": idle_seconds},
+        forwarder={"agent_id": f"idle-{unique_topic}"[:200],
+                   "progress_topic": f"{unique_topic}-progress"},
+        topics={f"{unique_topic}-alo": {"acks": "all"},
+                f"{unique_topic}-eo": {"acks": "all", "delivery": "exactly_once"}})
+
+
+def _send_and_deliver(agent: AgentProcess, bootstrap: str, at_least_once: str,
+                      exactly_once: str) -> None:
+    """MESSAGES to each topic, then waits until Kafka holds them (committed, for the
+    exactly-once topic)."""
+    with FerryClient(agent.socket_path) as client:
+        for i in range(MESSAGES):
+            for topic in (at_least_once, exactly_once):
+                client.send(topic, b"%03d" % i)
+    wait_until(lambda: len(read_topic(bootstrap, at_least_once)) == MESSAGES,
+               timeout=60, message="the at-least-once topic's messages delivered")
+    wait_until(lambda: len(read_topic(bootstrap, exactly_once, read_committed=True))
+               == MESSAGES, timeout=60, message="the exactly-once topic's messages committed")
 
 
 def _at_end(consumer: Consumer) -> bool:
@@ -102,23 +83,9 @@ def test_an_idle_agent_holds_one_connection_per_broker_and_delivers_after_idling
         # period reached Kafka, on this host's clock.
         apache_kafka.create_topic(topic, 1, config={"message.timestamp.type": "LogAppendTime"})
     ports = {node.port for node in apache_kafka.nodes}
-    config = write_config(
-        tmp_path, apache_kafka.bootstrap, http=True,
-        cluster={"idle_connection_seconds": IDLE_SECONDS},
-        forwarder={"agent_id": f"idle-{unique_topic}"[:200],
-                   "progress_topic": f"{unique_topic}-progress"},
-        topics={at_least_once: {"acks": "all"},
-                exactly_once: {"acks": "all", "delivery": "exactly_once"}})
+    config = _config(tmp_path, apache_kafka.bootstrap, unique_topic, IDLE_SECONDS)
     with AgentProcess(config) as agent:
-        with FerryClient(agent.socket_path) as client:
-            for i in range(MESSAGES):
-                for topic in (at_least_once, exactly_once):
-                    client.send(topic, b"%03d" % i)
-        wait_until(lambda: len(read_topic(apache_kafka.bootstrap, at_least_once)) == MESSAGES,
-                   timeout=60, message="the at-least-once topic's messages delivered")
-        wait_until(lambda: len(read_topic(apache_kafka.bootstrap, exactly_once,
-                                          read_committed=True)) == MESSAGES,
-                   timeout=60, message="the exactly-once topic's messages committed")
+        _send_and_deliver(agent, apache_kafka.bootstrap, at_least_once, exactly_once)
         busy = broker_connections(agent, ports)
         idle_from = time.monotonic()
 
@@ -225,13 +192,8 @@ def test_an_idle_agent_sends_a_probe_and_a_metadata_refresh_and_little_else(
     for topic in (at_least_once, exactly_once):
         proxied_kafka.create_topic(topic, 1)
     proxies = [proxied_kafka.proxy(node.node_id) for node in proxied_kafka.nodes]
-    config = write_config(
-        tmp_path, proxied_kafka.proxied_bootstrap, outage_after_seconds=OUTAGE_AFTER,
-        cluster={"idle_connection_seconds": REQUESTS_IDLE_SECONDS},
-        forwarder={"agent_id": f"idle-req-{unique_topic}"[:200],
-                   "progress_topic": f"{unique_topic}-progress"},
-        topics={at_least_once: {"acks": "all"},
-                exactly_once: {"acks": "all", "delivery": "exactly_once"}})
+    config = _config(tmp_path, proxied_kafka.proxied_bootstrap, unique_topic,
+                     REQUESTS_IDLE_SECONDS, outage_after_seconds=OUTAGE_AFTER)
 
     def counts() -> dict[tuple[int, str], int]:
         total: dict[tuple[int, str], int] = {}
@@ -241,15 +203,7 @@ def test_an_idle_agent_sends_a_probe_and_a_metadata_refresh_and_little_else(
         return total
 
     with AgentProcess(config) as agent:
-        with FerryClient(agent.socket_path) as client:
-            for i in range(MESSAGES):
-                for topic in (at_least_once, exactly_once):
-                    client.send(topic, b"%03d" % i)
-        wait_until(lambda: len(read_topic(proxied_kafka.bootstrap, at_least_once)) == MESSAGES,
-                   timeout=60, message="the at-least-once topic's messages delivered")
-        wait_until(lambda: len(read_topic(proxied_kafka.bootstrap, exactly_once,
-                                          read_committed=True)) == MESSAGES,
-                   timeout=60, message="the exactly-once topic's messages committed")
+        _send_and_deliver(agent, proxied_kafka.bootstrap, at_least_once, exactly_once)
         busy = sum(p.active_connections for p in proxies)
         wait_until(lambda: sum(p.active_connections for p in proxies) <= len(proxies),
                    timeout=REQUESTS_IDLE_SECONDS + 30, interval=0.2,
