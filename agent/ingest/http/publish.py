@@ -288,10 +288,13 @@ class Publisher:
         """The largest body a publish to ``topic`` may have (the server's protocol reads no
         more of it): ``http.max_batch_bytes`` for a batch, else the topic's
         ``max_message_bytes``."""
-        if batch:
-            return self.max_batch_bytes
         settings = self.catalog.resolve(topic) if valid_topic(topic) else None
-        return (settings or self.catalog.default).max_message_bytes
+        return self._limit(settings or self.catalog.default, batch)
+
+    def _limit(self, settings: TopicConfig, batch: bool) -> int:
+        """The body limit rule, the one place it is written: ``body_limit`` for the
+        protocol, the publish itself once its topic's settings are resolved."""
+        return self.max_batch_bytes if batch else settings.max_message_bytes
 
     def too_large(self, topic: str, batch: bool, limit: int) -> HttpError:
         """The 413 of a publish whose body is over ``body_limit``."""
@@ -444,12 +447,9 @@ class Publisher:
         if kafka_headers:
             request.kafka_headers = tuple(kafka_headers)
 
-        limit = request.limit = self.max_batch_bytes if batch else settings.max_message_bytes
+        limit = request.limit = self._limit(settings, batch)
         if length is not None and length.isdigit() and int(length) > limit:
-            raise HttpError(413, reasons.TOO_LARGE,
-                            f"the body of {int(length)} bytes is over the limit of {limit} "
-                            f"({_limit_name(topic, batch)})",
-                            reason=reasons.TOO_LARGE, close=int(length) > _DRAIN_LIMIT)
+            raise _body_too_large(limit, topic, batch, declared=int(length))
         if request.fpk is not None:
             request.partition_key = _partition_key(request.fpk)
         if request.pkey is not None and not request.pkey:
@@ -909,9 +909,17 @@ def _id_list(ids: list[bytes]) -> bytes:
     return b'"' + b"".join(ids).hex(",", keys.ID_LEN).replace(",", '","').encode() + b'"'
 
 
-def _body_too_large(limit: int, topic: str, batch: bool) -> HttpError:
-    return HttpError(413, reasons.TOO_LARGE, f"the body is over the limit of {limit} bytes "
-                     f"({_limit_name(topic, batch)})", reason=reasons.TOO_LARGE, close=True)
+def _body_too_large(limit: int, topic: str, batch: bool,
+                    declared: int | None = None) -> HttpError:
+    """The 413 of a body over its limit: read past it (the connection closes), or declared
+    over it by Content-Length (closed only when the rest is too long to drain)."""
+    if declared is None:
+        return HttpError(413, reasons.TOO_LARGE, f"the body is over the limit of {limit} bytes "
+                         f"({_limit_name(topic, batch)})", reason=reasons.TOO_LARGE, close=True)
+    return HttpError(413, reasons.TOO_LARGE,
+                     f"the body of {declared} bytes is over the limit of {limit} "
+                     f"({_limit_name(topic, batch)})",
+                     reason=reasons.TOO_LARGE, close=declared > _DRAIN_LIMIT)
 
 
 def _partition_key(raw: bytes) -> int:
