@@ -1,5 +1,5 @@
 """What the forwarder signals to the HTTP stage (agent/signals/ack.py), as pure logic: a fake
-producer acknowledges (tests/forwarder/test_order.py's fakes); the buffer and the socket are
+producer acknowledges (tests/forwarder/fakes.py); the buffer and the socket are
 real. Acknowledged ids are signalled when their delivery reports come, even while the
 buffer's delete keeps failing; discarded ids once the discard is recorded."""
 
@@ -16,9 +16,7 @@ from agent.buffer.store import BufferUnavailable
 from agent.config import TopicConfig
 from agent.records import Record
 from agent.signals.ack import DELIVERED, DISCARDED, Acks, decode, socket_path
-from tests.forwarder.test_discard_log_full import Acking
-from tests.forwarder.test_failure_paths import Setup, run_until, setup  # noqa: F401
-from tests.forwarder.test_order import FakeCluster
+from tests.forwarder.fakes import Acking, FakeCluster, Setup, run_until
 
 
 @pytest.fixture

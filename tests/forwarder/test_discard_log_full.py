@@ -9,7 +9,6 @@ import errno
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -17,22 +16,7 @@ from agent.config import TopicConfig
 from agent.forwarder import reading
 from agent.forwarder.discard_log import Discard, DiscardLog, DiscardLogFull, read_discards
 from agent.records import Record
-from tests.forwarder.test_failure_paths import Setup, run_until, setup  # noqa: F401
-from tests.forwarder.test_order import FakeCluster
-
-
-class Acking(FakeCluster):
-    """A cluster that acknowledges every message as it is produced."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        produce = self.p.produce
-
-        def and_ack(topic: str, value: bytes, *args: Any, **kwargs: Any) -> None:
-            produce(topic, value, *args, **kwargs)
-            self.p.ack(value)
-
-        self.p.produce = and_ack  # type: ignore[method-assign]
+from tests.forwarder.fakes import Acking, FakeCluster, Setup, run_until
 
 
 def discard(value: bytes) -> Discard:

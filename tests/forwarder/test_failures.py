@@ -1,6 +1,6 @@
 """The failure policy (agent/forwarder/failures.py): what an error does to a backlog.
 
-A fault-injecting cluster (the fake producer of test_order.py) answers sends with the error
+A fault-injecting cluster (the fake producer of fakes.py) answers sends with the error
 under test, as a cluster with a wrong ACL or without the topic would; the forwarder must keep
 every message, flag the topic (its row, health naming topic and error), and deliver it all
 once the fault is gone. Only errors that can never succeed discard, as ``invalid``."""
@@ -20,8 +20,7 @@ from agent.forwarder.forwarder import Forwarder
 from agent.forwarder.partitioner import TopicLayout
 from agent.records import Record
 from status import model
-from tests.forwarder.test_failure_paths import Setup, run_until, setup  # noqa: F401
-from tests.forwarder.test_order import FakeCluster
+from tests.forwarder.fakes import FakeCluster, Setup, run_until
 
 REPO = Path(__file__).resolve().parents[2]
 COUNT = 20

@@ -1,6 +1,6 @@
 """Isolation (agent/forwarder/isolation.py) in the at-least-once loop: Kafka refuses a batch,
 and only the message refused alone is discarded; its neighbours are sent again alone and
-delivered, in order. A fault-injecting producer (test_order.py's) plays the cluster; the same
+delivered, in order. A fault-injecting producer (fakes.py's) plays the cluster; the same
 promises on Apache Kafka's real refusals are in test_kafka_refusals.py."""
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from confluent_kafka import KafkaError
 from agent.forwarder import isolation, timestamps
 from agent.forwarder.topic_limits import ALONE
 from agent.records import Record
-from tests.forwarder.test_failure_paths import Setup, run_until, setup  # noqa: F401
-from tests.forwarder.test_order import FakeCluster
+from tests.forwarder.fakes import FakeCluster, Setup, run_until
 
 HOUR_MS = 3_600_000
 
