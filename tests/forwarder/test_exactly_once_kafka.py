@@ -43,7 +43,7 @@ from tests.forwarder.zombie import crash_in_a_child, exactly_once_sender
 from tests.kafka import ConsumedMessage, read_topic
 from tests.reliability.checker import wait_transactions_settled
 from tests.reliability.harness import Agent, metric_total
-from tests.reliability.test_outage import KeyedTally, _http_load, _Sender, _tally
+from tests.reliability.keyed_load import KeyedSender, KeyedTally, http_load, tally_of
 from tests.waiting import wait_until
 
 N = 300
@@ -194,8 +194,8 @@ class _Run:
     def __init__(self, agent: Agent, topic: str) -> None:
         self.agent = agent
         self.topic = topic
-        self.sender = _Sender("eo")
-        self.thread = threading.Thread(target=_http_load, args=(agent, topic, self.sender),
+        self.sender = KeyedSender("eo")
+        self.thread = threading.Thread(target=http_load, args=(agent, topic, self.sender),
                                        daemon=True)
         self.t0 = time.monotonic()
         self.timeline: dict[str, float] = {}
@@ -326,7 +326,7 @@ def test_a_coordinator_and_leader_killed_mid_transaction_leaves_each_message_onc
     run.wait_acked(200, 30, "node back")
     run.stop_load()
     run.drain()
-    tally = _tally(run.sender, _committed(apache_kafka.bootstrap, run.topic))
+    tally = tally_of(run.sender, _committed(apache_kafka.bootstrap, run.topic))
     doc = _report(run, tally, node=node, partitions_led=led,
                   commit_stall_seconds=round(first_commit - killed_at, 1),
                   aborted_by_the_kill=metric_total(run.agent.counters(),
@@ -658,7 +658,7 @@ def test_coordinator_traffic_held_past_the_timeouts_then_delivered_late(
             cluster.proxy(node).restore()
             run.stop_load()
         run.drain()
-        tally = _tally(run.sender, _committed(cluster.bootstrap, topic))
+        tally = tally_of(run.sender, _committed(cluster.bootstrap, topic))
         coordinator_lines = _coordinator_log(cluster, node, transactional_id)[log_before:]
         doc = _report(run, tally, hold_seconds=HOLD_SECONDS, coordinator=node,
                       committed_during_hold=committed_during,
