@@ -20,7 +20,7 @@ from tests.forwarder.fakes import Acking, FakeCluster, Setup, run_until
 
 
 @pytest.fixture
-def listener(setup: Setup) -> Iterator[socket.socket]:  # noqa: F811
+def listener(setup: Setup) -> Iterator[socket.socket]:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(socket_path(setup.config.buffer.path)))
     sock.setblocking(False)
@@ -42,7 +42,7 @@ def received(sock: socket.socket) -> list[Acks]:
 
 
 def test_acknowledged_ids_are_signalled_before_the_delete_commits(
-    setup: Setup, listener: socket.socket, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    setup: Setup, listener: socket.socket, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fwd = setup.forwarder({"local": Acking()}, lambda t: TopicConfig())
     ids = setup.store.append([[Record("t", b"m%d" % i) for i in range(5)]])[0]
@@ -72,7 +72,7 @@ def test_acknowledged_ids_are_signalled_before_the_delete_commits(
 
 
 def test_discarded_ids_are_signalled_once_the_discard_is_recorded(
-    setup: Setup, listener: socket.socket  # noqa: F811
+    setup: Setup, listener: socket.socket
 ) -> None:
     fwd = setup.forwarder({"local": FakeCluster()}, lambda t: TopicConfig(max_message_bytes=10))
     ids = setup.store.append([[Record("t", b"x" * 100)]])[0]  # too large: discarded

@@ -41,7 +41,7 @@ def test_a_commit_that_stored_messages_signals_and_a_refused_one_does_not(
 
 
 def test_an_idle_forwarder_wakes_on_a_commit_and_reads_at_once(
-        setup: Setup) -> None:  # noqa: F811
+        setup: Setup) -> None:
     cluster = FakeCluster()
     fwd = setup.forwarder({"local": cluster}, lambda t: TopicConfig())
     committer = Committer(setup.store, registry=Registry(),

@@ -18,7 +18,7 @@ from tests.forwarder.fakes import Acking, Setup, run_until
 
 
 def test_a_failing_delete_is_two_log_lines_however_long_it_fails(
-    setup: Setup, caplog: pytest.LogCaptureFixture,  # noqa: F811
+    setup: Setup, caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
     caplog.set_level(logging.WARNING)

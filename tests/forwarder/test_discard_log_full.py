@@ -78,7 +78,7 @@ def test_a_real_full_filesystem_leaves_no_fragment(small_disk: Path) -> None:
 
 
 def test_deliveries_go_on_while_the_discard_log_refuses_and_discards_wait_in_the_buffer(
-    setup: Setup, caplog: pytest.LogCaptureFixture  # noqa: F811
+    setup: Setup, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING)
     fwd = setup.forwarder({"local": Acking()},
@@ -105,7 +105,7 @@ def test_deliveries_go_on_while_the_discard_log_refuses_and_discards_wait_in_the
 
 
 def test_held_discards_are_bounded(
-    setup: Setup, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """While the log refuses, no more than MAX_HELD_DISCARDS wait in memory: reading stops
     (the rest stays in the buffer) until they can leave."""

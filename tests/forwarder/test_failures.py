@@ -48,7 +48,7 @@ def health(fwd: Forwarder) -> dict[str, object]:
     KafkaError._UNKNOWN_TOPIC,
 ], ids=lambda c: KafkaError(c).name())
 def test_an_operator_fixable_error_keeps_the_backlog_flags_it_and_recovers(
-    setup: Setup, code: int  # noqa: F811
+    setup: Setup, code: int
 ) -> None:
     local = FakeCluster()
     fwd = setup.forwarder({"local": local}, lambda t: TopicConfig(ttl_seconds=3600))
@@ -93,7 +93,7 @@ def test_an_operator_fixable_error_keeps_the_backlog_flags_it_and_recovers(
                                   KafkaError.INVALID_MSG],
                          ids=lambda c: KafkaError(c).name())
 def test_an_error_that_can_never_succeed_discards_only_that_message(
-    setup: Setup, code: int  # noqa: F811
+    setup: Setup, code: int
 ) -> None:
     """Refused in a batch, then refused alone (isolation.py): only then discarded."""
     local = FakeCluster()
@@ -152,7 +152,7 @@ class Unreachable(FakeCluster):
 
 
 def test_a_topic_waiting_for_its_partitions_is_shown_stuck_with_the_cluster_state(
-    setup: Setup,  # noqa: F811
+    setup: Setup,
 ) -> None:
     local = Unreachable(outage_after_seconds=0.2)
     fwd = setup.forwarder({"local": local})

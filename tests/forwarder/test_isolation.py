@@ -19,7 +19,7 @@ HOUR_MS = 3_600_000
 
 
 def test_a_refused_batch_sends_each_message_alone_and_discards_only_the_culprit(
-    setup: Setup,  # noqa: F811
+    setup: Setup,
 ) -> None:
     local = FakeCluster()
     fwd = setup.forwarder({"local": local})
@@ -50,7 +50,7 @@ def test_a_refused_batch_sends_each_message_alone_and_discards_only_the_culprit(
     assert "INVALID_RECORD" in setup.discards.read_text()
 
 
-def test_a_batch_too_large_loses_nothing(setup: Setup) -> None:  # noqa: F811
+def test_a_batch_too_large_loses_nothing(setup: Setup) -> None:
     """MSG_SIZE_TOO_LARGE on a batch says nothing of any one message: each alone fits."""
     local = FakeCluster()
     fwd = setup.forwarder({"local": local})
@@ -68,7 +68,7 @@ def test_a_batch_too_large_loses_nothing(setup: Setup) -> None:  # noqa: F811
 
 
 def test_a_message_that_waited_past_the_topic_s_limit_is_restamped_not_lost(
-    setup: Setup,  # noqa: F811
+    setup: Setup,
 ) -> None:
     local = FakeCluster()
     fwd = setup.forwarder({"local": local})
