@@ -1,4 +1,5 @@
-"""Run the real agent for tests: `ferry run --config` in its own process group.
+"""Run the real agent for tests: `ferry run --config` in its own process group (and
+``ferry(*args)``: any other command of the CLI, run to its end).
 
 Tests that kill -9 the agent need it in another process; ``AgentProcess.kill()`` SIGKILLs
 the whole group (ingest and forwarder processes), as systemd would kill its cgroup.
@@ -86,6 +87,13 @@ def write_config(
     path = root / "ferry.toml"
     path.write_text("\n".join(lines) + extra)
     return path
+
+
+def ferry(*args: str, stdin: str | None = None, env: dict[str, str] | None = None
+          ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agent.cli.main", *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60, input=stdin,
+                          env={**os.environ, **(env or {})})
 
 
 class AgentProcess:

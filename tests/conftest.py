@@ -1,7 +1,7 @@
 """Shared pytest fixtures. Keep this file thin: logic lives in tests/kafka.py and friends.
 
-Sections: Kafka (real tansu brokers), Apache Kafka (a real 3-node cluster), filesystems and
-artifacts. Add new fixtures under a section header.
+Sections: Kafka (real tansu brokers), Apache Kafka (a real 3-node cluster), the forwarder's
+fakes, filesystems and artifacts. Add new fixtures under a section header.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -25,6 +26,9 @@ if str(REPO_ROOT) not in sys.path:
 from tests.apache_kafka import KafkaCluster, newest_kafka_version  # noqa: E402
 from tests.filesystems import tmpfs  # noqa: E402
 from tests.kafka import Broker, TcpProxy, free_port, unique_topic_name  # noqa: E402
+
+if TYPE_CHECKING:
+    from tests.forwarder.fakes import Setup
 
 # --------------------------------------------------------------------------------------------
 # Kafka: real tansu brokers on 127.0.0.1 (memory storage; a restart empties them)
@@ -109,6 +113,24 @@ def apache_kafka(kafka_cluster: KafkaCluster) -> Iterator[KafkaCluster]:
     kafka_cluster.wait_healthy()
     yield kafka_cluster
     kafka_cluster.wait_healthy()
+
+
+# --------------------------------------------------------------------------------------------
+# The forwarder's fakes (tests/forwarder/fakes.py): no broker, the test plays the clusters
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> Iterator[Setup]:
+    """A config, a buffer and a discard log to build a Forwarder over FakeClusters with
+    ``setup.forwarder(clusters)``. (tests/forwarder/test_order.py has its own ``setup``.)"""
+    from tests.forwarder.fakes import Setup  # here: loading this file imports no agent code
+
+    s = Setup(tmp_path)
+    try:
+        yield s
+    finally:
+        s.store.close()
 
 
 # --------------------------------------------------------------------------------------------

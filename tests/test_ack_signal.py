@@ -1,5 +1,5 @@
 """What the forwarder signals to the HTTP stage (agent/signals/ack.py), as pure logic: a fake
-producer acknowledges (tests/forwarder/test_order.py's fakes); the buffer and the socket are
+producer acknowledges (tests/forwarder/fakes.py); the buffer and the socket are
 real. Acknowledged ids are signalled when their delivery reports come, even while the
 buffer's delete keeps failing; discarded ids once the discard is recorded."""
 
@@ -16,13 +16,11 @@ from agent.buffer.store import BufferUnavailable
 from agent.config import TopicConfig
 from agent.records import Record
 from agent.signals.ack import DELIVERED, DISCARDED, Acks, decode, socket_path
-from tests.forwarder.test_discard_log_full import Acking
-from tests.forwarder.test_failure_paths import Setup, run_until, setup  # noqa: F401
-from tests.forwarder.test_order import FakeCluster
+from tests.forwarder.fakes import Acking, FakeCluster, Setup, run_until
 
 
 @pytest.fixture
-def listener(setup: Setup) -> Iterator[socket.socket]:  # noqa: F811
+def listener(setup: Setup) -> Iterator[socket.socket]:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(socket_path(setup.config.buffer.path)))
     sock.setblocking(False)
@@ -44,7 +42,7 @@ def received(sock: socket.socket) -> list[Acks]:
 
 
 def test_acknowledged_ids_are_signalled_before_the_delete_commits(
-    setup: Setup, listener: socket.socket, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    setup: Setup, listener: socket.socket, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fwd = setup.forwarder({"local": Acking()}, lambda t: TopicConfig())
     ids = setup.store.append([[Record("t", b"m%d" % i) for i in range(5)]])[0]
@@ -74,7 +72,7 @@ def test_acknowledged_ids_are_signalled_before_the_delete_commits(
 
 
 def test_discarded_ids_are_signalled_once_the_discard_is_recorded(
-    setup: Setup, listener: socket.socket  # noqa: F811
+    setup: Setup, listener: socket.socket
 ) -> None:
     fwd = setup.forwarder({"local": FakeCluster()}, lambda t: TopicConfig(max_message_bytes=10))
     ids = setup.store.append([[Record("t", b"x" * 100)]])[0]  # too large: discarded

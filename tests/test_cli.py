@@ -12,16 +12,7 @@ import pytest
 from agent import __version__
 from agent.buffer.store import Store
 from agent.records import Record
-from tests.agent_harness import REPO_ROOT, write_config
-
-
-def ferry(*args: str, stdin: str | None = None, env: dict[str, str] | None = None
-          ) -> subprocess.CompletedProcess[str]:
-    import os
-
-    return subprocess.run([sys.executable, "-m", "agent.cli.main", *args], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=60, input=stdin,
-                          env={**os.environ, **(env or {})})
+from tests.agent_harness import REPO_ROOT, ferry, write_config
 
 
 def test_version() -> None:

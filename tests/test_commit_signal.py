@@ -1,7 +1,7 @@
 """The writer's wake-up of an idle forwarder (agent/signals/commit.py): a commit that stored
 messages signals, a refused one does not, and an idle forwarder's wait ends on the signal
 and reads a topic it had just found empty. Real buffer, real committer, real sockets; the
-producer is the fake of tests/forwarder/test_order.py (pure logic)."""
+producer is the fake of tests/forwarder/fakes.py (pure logic)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from agent.config import TopicConfig
 from agent.metrics import Registry
 from agent.records import Record
 from agent.signals.commit import CommitListener, CommitSender, socket_path
-from tests.forwarder.test_failure_paths import Setup, setup  # noqa: F401
-from tests.forwarder.test_order import FakeCluster
+from tests.forwarder.fakes import FakeCluster, Setup
 
 
 def test_a_commit_that_stored_messages_signals_and_a_refused_one_does_not(
@@ -42,7 +41,7 @@ def test_a_commit_that_stored_messages_signals_and_a_refused_one_does_not(
 
 
 def test_an_idle_forwarder_wakes_on_a_commit_and_reads_at_once(
-        setup: Setup) -> None:  # noqa: F811
+        setup: Setup) -> None:
     cluster = FakeCluster()
     fwd = setup.forwarder({"local": cluster}, lambda t: TopicConfig())
     committer = Committer(setup.store, registry=Registry(),

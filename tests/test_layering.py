@@ -7,7 +7,9 @@ new arrow that runs the wrong way fails here rather than in a reader's head.
   metrics registry and the signals), nor the daemon, the CLI or the status page;
 - ``status`` reads the agent (its registry, runtime, buffer keys) and is imported only by the
   composition roots, ``agent.daemon`` and ``agent.cli``;
-- ``spool``, ``spark_writer`` and ``ferry_client`` stand without the agent.
+- ``spool``, ``spark_writer`` and ``ferry_client`` stand without the agent;
+- and in the tests, no test module imports from another: what several test files share is in
+  a helper module (no ``test_`` prefix) or a conftest.py.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ def _module(path: Path) -> str:
     return ".".join(parts)
 
 
-def _imports() -> dict[str, set[str]]:
+def _imports(packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
-    for package in PACKAGES:
+    for package in packages:
         for path in (ROOT / package).rglob("*.py"):
             names: set[str] = set()
             for node in ast.walk(ast.parse(path.read_text())):
@@ -105,6 +107,19 @@ def test_the_client_needs_nothing_but_itself() -> None:
     ours = {n.split(".")[0] for m, names in IMPORTS.items() if _within(m, "ferry_client")
             for n in names} & set(PACKAGES)
     assert ours == {"ferry_client"}
+
+
+def test_no_test_module_imports_from_another_test_module() -> None:
+    # What several test files share lives in a helper module or a conftest.py (DEVELOPERS.md,
+    # "Tests"), where a reader looks for it, not among another file's tests. Imports inside
+    # functions count too.
+    found = _imports(("tests",))
+    test_modules = {m for m in found if m.rsplit(".", 1)[-1].startswith("test_")}
+    assert "tests.forwarder.test_order" in test_modules and len(test_modules) > 100
+    wrong = {(m, n) for m, names in found.items() for n in names
+             if any(".".join(n.split(".")[:i]) in test_modules - {m}
+                    for i in range(1, n.count(".") + 2))}
+    assert wrong == set()
 
 
 def _top_level_imports() -> dict[str, set[str]]:

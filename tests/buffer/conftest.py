@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agent.buffer.environment import Environment
+from tests.buffer.helpers import FakeClock
 
 
 @pytest.fixture
@@ -17,3 +19,10 @@ def env(tmp_path: Path) -> Iterator[Environment]:
                     readonly=False)
     yield e
     e.close()
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock(1_700_000_000.0)
+    monkeypatch.setattr("agent.buffer.clock.time", types.SimpleNamespace(time=fake.time))
+    return fake

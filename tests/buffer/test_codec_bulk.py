@@ -12,7 +12,7 @@ from agent.buffer import codec
 from agent.records import Record
 from spool.format import SpoolFormatError, SpoolRecord, encode_file
 from spool.reader import BinarySpoolReader, SpoolBlock
-from tests.spool.test_reader import BUGGY_BODIES, _file_with_body
+from tests.spool.samples import BUGGY_BODIES, file_with_body
 
 NOW = 1_700_000_000_123
 INT32 = st.integers(-(2**31), 2**31 - 1)
@@ -126,7 +126,7 @@ def test_a_count_that_does_not_match_is_left_to_the_reader(tmp_path: Path) -> No
 def test_a_topic_the_caller_refuses_is_left_to_the_reader(tmp_path: Path) -> None:
     (block,) = blocks_of(tmp_path / "f.ferry", [SpoolRecord("t", b"v")], 1 << 20)
     assert codec.encode_spool_block(block.body, 1, 0, {}, NOW, lambda raw: None) is None
-    assert _file_with_body(block.body, 1)  # the same body is a valid file otherwise
+    assert file_with_body(block.body, 1)  # the same body is a valid file otherwise
 
 
 @given(value=st.binary(max_size=50), key=st.none() | st.binary(max_size=10),

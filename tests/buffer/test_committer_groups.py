@@ -10,36 +10,20 @@ does not depend on timing.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from agent.buffer.committer import Committer, Result, ShuttingDown
+from agent.buffer.committer import Committer, ShuttingDown
 from agent.buffer.store import BufferFull, Store, StoredMessage
 from agent.metrics import Registry
 from agent.records import Record
+from tests.buffer.helpers import Calls
 from tests.waiting import wait_until
 
 MB = 1024 * 1024
 WAIT = 30.0
-
-
-class Calls:
-    """Every call of a ``submit_groups()`` callback, from the writer thread."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.calls: list[list[Result]] = []
-
-    def __call__(self, results: list[Result]) -> None:
-        with self.lock:
-            self.calls.append(list(results))
-
-    def count(self) -> int:
-        with self.lock:
-            return len(self.calls)
 
 
 @pytest.fixture

@@ -12,8 +12,7 @@ from agent.buffer.compact import BufferBusy, compact
 from agent.buffer.store import Corrupt, Store
 from agent.buffer.usage_lock import USAGE_LOCK
 from agent.records import Record
-from tests.agent_harness import AgentProcess, write_config
-from tests.test_cli import ferry
+from tests.agent_harness import AgentProcess, ferry, write_config
 
 MAX = 512 * 1024 * 1024
 

@@ -20,7 +20,7 @@ from agent.buffer.refusals import BufferFull, InvalidGroup
 from agent.buffer.store import Store, StoredMessage
 from agent.metrics import Registry
 from agent.records import Record
-from tests.buffer.test_committer_groups import Calls
+from tests.buffer.helpers import Calls
 from tests.waiting import wait_until
 
 MB = 1024 * 1024

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing
 import time
-import types
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -26,6 +25,7 @@ from agent.buffer.store import (
     TopicStats,
 )
 from agent.records import Record
+from tests.buffer.helpers import FakeClock, read_all, stats, values
 
 MB = 1024 * 1024
 
@@ -44,18 +44,6 @@ def ids_of(result: Sequence[list[bytes] | BufferFull]) -> list[bytes]:
     return out
 
 
-def read_all(store: Store, topic: str) -> list[StoredMessage]:
-    out: list[StoredMessage] = []
-    for m in store.read(topic, None, 1_000_000):
-        assert isinstance(m, StoredMessage), m
-        out.append(m)
-    return out
-
-
-def values(store: Store, topic: str) -> list[bytes]:
-    return [m.record.value for m in read_all(store, topic)]
-
-
 def delivered(m: StoredMessage, partition: int = 0, offset: int = 0) -> Outcome:
     return Outcome(m.key, m.stored_bytes, m.topic, "delivered", cluster="local",
                    partition=partition, offset=offset)
@@ -63,27 +51,6 @@ def delivered(m: StoredMessage, partition: int = 0, offset: int = 0) -> Outcome:
 
 def discarded(m: StoredMessage, reason: str = "ttl") -> Outcome:
     return Outcome(m.key, m.stored_bytes, m.topic, "discarded", reason=reason)
-
-
-def stats(store: Store) -> dict[str, tuple[int, int]]:
-    return {s.topic: (s.messages, s.bytes) for s in store.topic_stats()}
-
-
-class FakeClock:
-    """Stands in for the store's ``time`` module so ids and tracking ages are deterministic."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def time(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    fake = FakeClock(1_700_000_000.0)
-    monkeypatch.setattr("agent.buffer.clock.time", types.SimpleNamespace(time=fake.time))
-    return fake
 
 
 # -- FIFO and ids ------------------------------------------------------------------------------

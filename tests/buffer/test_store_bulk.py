@@ -10,9 +10,7 @@ import pytest
 from agent.buffer import codec, keys
 from agent.buffer.store import BufferFull, EncodedGroup, Store
 from agent.records import Record
-from tests.buffer.test_store import FakeClock, clock, read_all, stats, values
-
-__all__ = ["clock"]  # the fixture, imported for its use here
+from tests.buffer.helpers import FakeClock, read_all, stats, values
 
 MB = 1024 * 1024
 

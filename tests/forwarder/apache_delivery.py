@@ -1,6 +1,7 @@
 """What the Apache Kafka forwarder tests share: publishing numbered messages over HTTP and
 keeping those Ferry acknowledged, counting them back at a real consumer (lost, duplicated),
-and reading the agent's verdicts (``/status/all``, ``ferry status``, its log).
+and reading the agent's verdicts (``/status/all``, ``ferry status``, its log, its discard
+log).
 
 A message counts as *acknowledged* once Ferry answered 201 or 202: it is then in the fsynced
 buffer, and the promise is that it reaches Kafka. Datagrams carry no answer, so these tests
@@ -9,6 +10,7 @@ publish over HTTP, where the answer is the acknowledgement.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -21,6 +23,7 @@ from typing import Any
 from ferry_client import FerryHttp
 from tests.agent_harness import REPO_ROOT, AgentProcess
 from tests.kafka import read_topic
+from tests.reliability.checker import wait_transactions_settled
 from tests.waiting import wait_until
 
 
@@ -71,6 +74,11 @@ def values(bootstrap: str, topic: str, timeout: float = 60.0, **extra: Any) -> l
     return [m.value for m in read_topic(bootstrap, topic, timeout=timeout, **extra)]
 
 
+def committed(bootstrap: str, topic: str) -> list[bytes | None]:
+    wait_transactions_settled(bootstrap, topic)
+    return [m.value for m in read_topic(bootstrap, topic, 120, read_committed=True)]
+
+
 # -- the agent's verdicts --------------------------------------------------------------------
 
 
@@ -111,6 +119,26 @@ def log_lines(agent: AgentProcess, containing: str) -> list[str]:
     except FileNotFoundError:
         return []
     return [line for line in text.splitlines() if containing in line]
+
+
+def logged_discards(agent: AgentProcess) -> list[dict[str, object]]:
+    path = agent.config.discard_log_path
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def until_drained(agent: AgentProcess, timeout: float) -> None:
+    """Until the agent's buffer is empty; if it is not in time, the failure says what is
+    left, the delivery failures and the log's tail (agent_harness.wait_drained does not)."""
+    try:
+        wait_until(lambda: agent.buffered() == {}, timeout=timeout, interval=0.5,
+                   message="the buffer drained")
+    except AssertionError:
+        failures = [m for m in agent.get_json("/status/counters")["metrics"]
+                    if m["name"] == "delivery_failures"]
+        raise AssertionError(f"not drained: {agent.buffered()}; failures: {failures}; "
+                             f"{agent.log_tail(30)}") from None
 
 
 class Stream:

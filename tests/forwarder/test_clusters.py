@@ -16,7 +16,7 @@ from agent.forwarder.clusters import Cluster, wait_for_reports
 from agent.forwarder.discard_log import DiscardLog
 from agent.forwarder.forwarder import Forwarder
 from agent.metrics import Registry
-from tests.forwarder.test_order import FakeCluster
+from tests.forwarder.fakes import FakeCluster
 
 LONG = 30.0  # a wait the tests expect to end early; ending after it fails them
 

@@ -14,12 +14,11 @@ from agent.buffer.store import BufferUnavailable
 from agent.config import TopicConfig
 from agent.forwarder import leaving
 from agent.records import Record
-from tests.forwarder.test_discard_log_full import Acking
-from tests.forwarder.test_failure_paths import Setup, run_until, setup  # noqa: F401
+from tests.forwarder.fakes import Acking, Setup, run_until
 
 
 def test_a_failing_delete_is_two_log_lines_however_long_it_fails(
-    setup: Setup, caplog: pytest.LogCaptureFixture,  # noqa: F811
+    setup: Setup, caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
     caplog.set_level(logging.WARNING)

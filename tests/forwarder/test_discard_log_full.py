@@ -9,7 +9,6 @@ import errno
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -17,22 +16,7 @@ from agent.config import TopicConfig
 from agent.forwarder import reading
 from agent.forwarder.discard_log import Discard, DiscardLog, DiscardLogFull, read_discards
 from agent.records import Record
-from tests.forwarder.test_failure_paths import Setup, run_until, setup  # noqa: F401
-from tests.forwarder.test_order import FakeCluster
-
-
-class Acking(FakeCluster):
-    """A cluster that acknowledges every message as it is produced."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        produce = self.p.produce
-
-        def and_ack(topic: str, value: bytes, *args: Any, **kwargs: Any) -> None:
-            produce(topic, value, *args, **kwargs)
-            self.p.ack(value)
-
-        self.p.produce = and_ack  # type: ignore[method-assign]
+from tests.forwarder.fakes import Acking, FakeCluster, Setup, run_until
 
 
 def discard(value: bytes) -> Discard:
@@ -94,7 +78,7 @@ def test_a_real_full_filesystem_leaves_no_fragment(small_disk: Path) -> None:
 
 
 def test_deliveries_go_on_while_the_discard_log_refuses_and_discards_wait_in_the_buffer(
-    setup: Setup, caplog: pytest.LogCaptureFixture  # noqa: F811
+    setup: Setup, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING)
     fwd = setup.forwarder({"local": Acking()},
@@ -121,7 +105,7 @@ def test_deliveries_go_on_while_the_discard_log_refuses_and_discards_wait_in_the
 
 
 def test_held_discards_are_bounded(
-    setup: Setup, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """While the log refuses, no more than MAX_HELD_DISCARDS wait in memory: reading stops
     (the rest stays in the buffer) until they can leave."""

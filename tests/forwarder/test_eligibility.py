@@ -3,7 +3,7 @@ order of precedence, and that both delivery loops discard by it, the same messag
 same reason.
 
 Pure logic: stored values are built here with the buffer's codec and ids of a chosen age,
-and the loops' send steps are handed them directly, with fake producers (test_order.py's
+and the loops' send steps are handed them directly, with fake producers (fakes.py's
 fakes) that record what was produced."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from agent.forwarder.topic_state import TopicState
 from agent.forwarder.transactions import ExactlyOnce, _Batch
 from agent.metrics import Registry
 from agent.records import Record
-from tests.forwarder.test_order import FakeCluster, FakeProducer, steps_until
+from tests.forwarder.fakes import FakeCluster, FakeProducer, steps_until
 from tests.waiting import wait_until
 
 TOPIC = "t"

@@ -39,11 +39,11 @@ from agent.metrics import Registry
 from agent.records import Record
 from tests.agent_harness import write_config
 from tests.apache_kafka import KafkaCluster
-from tests.forwarder.test_exactly_once_zombie import _sender, crash_in_a_child
+from tests.forwarder.zombie import crash_in_a_child, exactly_once_sender
 from tests.kafka import ConsumedMessage, read_topic
 from tests.reliability.checker import wait_transactions_settled
 from tests.reliability.harness import Agent, metric_total
-from tests.reliability.test_outage import KeyedTally, _http_load, _Sender, _tally
+from tests.reliability.keyed_load import KeyedSender, KeyedTally, http_load, tally_of
 from tests.waiting import wait_until
 
 N = 300
@@ -146,7 +146,7 @@ def test_a_successor_aborts_the_zombie_transaction_and_sends_each_message_once(
             assert read_topic(apache_kafka.bootstrap, topic, 30, read_committed=True) == []
 
         registry = Registry()
-        successor = _sender(config, store, registry)
+        successor = exactly_once_sender(config, store, registry)
         started = time.monotonic()
         successor.start()
         try:
@@ -194,8 +194,8 @@ class _Run:
     def __init__(self, agent: Agent, topic: str) -> None:
         self.agent = agent
         self.topic = topic
-        self.sender = _Sender("eo")
-        self.thread = threading.Thread(target=_http_load, args=(agent, topic, self.sender),
+        self.sender = KeyedSender("eo")
+        self.thread = threading.Thread(target=http_load, args=(agent, topic, self.sender),
                                        daemon=True)
         self.t0 = time.monotonic()
         self.timeline: dict[str, float] = {}
@@ -326,7 +326,7 @@ def test_a_coordinator_and_leader_killed_mid_transaction_leaves_each_message_onc
     run.wait_acked(200, 30, "node back")
     run.stop_load()
     run.drain()
-    tally = _tally(run.sender, _committed(apache_kafka.bootstrap, run.topic))
+    tally = tally_of(run.sender, _committed(apache_kafka.bootstrap, run.topic))
     doc = _report(run, tally, node=node, partitions_led=led,
                   commit_stall_seconds=round(first_commit - killed_at, 1),
                   aborted_by_the_kill=metric_total(run.agent.counters(),
@@ -446,7 +446,7 @@ def test_a_fence_behind_the_exception_a_callback_raised_still_stops_the_topics(
     store = Store(config.buffer.path, config.buffer.max_bytes)
     registry = Registry()
     try:
-        sender = _sender(config, store, registry)
+        sender = exactly_once_sender(config, store, registry)
         fenced = KafkaException(KafkaError(KafkaError._FENCED, "fenced by a newer instance",
                                            fatal=True))
         try:
@@ -462,7 +462,7 @@ def test_a_fence_behind_the_exception_a_callback_raised_still_stops_the_topics(
         assert any("STOPPED" in r.getMessage() for r in caplog.records if r.levelname == "ERROR")
         assert sender._step() is False  # fenced: no new producer, nothing sent
         # An unrelated failure is still one to reopen after, not a fence.
-        other = _sender(config, store, Registry())
+        other = exactly_once_sender(config, store, Registry())
         other._trouble(SystemError("something else"))
         assert other.stats()["fenced"] == ""
     finally:
@@ -545,7 +545,7 @@ def test_an_end_txn_held_past_the_commit_timeout_lands_late_and_nothing_is_sent_
                             message_timeout_ms=END_TXN_TIMEOUT_MS)
     store = Store(config.buffer.path, config.buffer.max_bytes)
     registry = Registry()
-    sender = _sender(config, store, registry)
+    sender = exactly_once_sender(config, store, registry)
     values = [f"m{i:05d}".encode() for i in range(N)]
     try:
         store.append([[Record(topic, v, key=f"k{i % KEYS}".encode(), hash_key=True)
@@ -658,7 +658,7 @@ def test_coordinator_traffic_held_past_the_timeouts_then_delivered_late(
             cluster.proxy(node).restore()
             run.stop_load()
         run.drain()
-        tally = _tally(run.sender, _committed(cluster.bootstrap, topic))
+        tally = tally_of(run.sender, _committed(cluster.bootstrap, topic))
         coordinator_lines = _coordinator_log(cluster, node, transactional_id)[log_before:]
         doc = _report(run, tally, hold_seconds=HOLD_SECONDS, coordinator=node,
                       committed_during_hold=committed_during,

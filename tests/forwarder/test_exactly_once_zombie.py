@@ -12,30 +12,20 @@ aborts it), so the first two points are the ones a transactions-only design gets
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import TopicPartition
 
 from agent.buffer.store import Store
 from agent.config import FerryConfig
-from agent.forwarder.clusters import Cluster
-from agent.forwarder.discard_log import DiscardLog
-from agent.forwarder.transactions import ExactlyOnce
 from agent.metrics import Registry
 from agent.records import Record
+from tests.forwarder.zombie import N, crash_in_a_child, exactly_once_sender
 from tests.kafka import Broker, _reader, topic_partitions
 from tests.waiting import wait_until
-
-N = 300
-KEYS = 7
-CRASHED = 9
 
 
 def _config(root: Path, bootstrap: str, topic: str) -> FerryConfig:
@@ -47,42 +37,6 @@ def _config(root: Path, bootstrap: str, topic: str) -> FerryConfig:
                       "progress_topic": f"{topic}-progress"},
         "topics": {topic: {"delivery": "exactly_once", "acks": "all"}},
     })
-
-
-def _sender(config: FerryConfig, store: Store, registry: Registry) -> ExactlyOnce:
-    cluster = Cluster("local", config.kafka.local, config.forwarder)
-    return ExactlyOnce(config, store, registry=registry, topic_settings=config.topic,
-                       cluster=cluster, discard_log=DiscardLog(config.buffer.path / "d.jsonl"))
-
-
-def _crashing_producer(point: str, progress_topic: str) -> type[Producer]:
-    class Crashing(Producer):  # type: ignore[misc]  # confluent_kafka has no typed subclassing
-        def produce(self, topic: str, *args: Any, **kwargs: Any) -> None:
-            if point == "before_progress" and topic == progress_topic:
-                os._exit(CRASHED)  # every record of the batch is acknowledged (flushed)
-            super().produce(topic, *args, **kwargs)
-
-        def commit_transaction(self, *args: Any) -> None:
-            if point == "before_commit":
-                self.flush(30)  # the progress record is on the broker too
-                os._exit(CRASHED)
-            super().commit_transaction(*args)
-            if point == "after_commit":
-                os._exit(CRASHED)
-
-    return Crashing
-
-
-def _child(config_data: dict[str, Any], point: str) -> None:
-    import agent.forwarder.transactions as transactions
-
-    config = FerryConfig.model_validate(config_data)
-    transactions.Producer = _crashing_producer(point, config.forwarder.progress_topic)
-    store = Store(config.buffer.path, config.buffer.max_bytes)
-    sender = _sender(config, store, Registry())
-    sender.start()
-    threading.Event().wait(60)  # the crash ends this process; a timeout fails the test
-    os._exit(0)
 
 
 def _read_committed(bootstrap: str, topic: str, *, seconds: float = 30.0,
@@ -112,20 +66,6 @@ def _read_committed(bootstrap: str, topic: str, *, seconds: float = 30.0,
     return out
 
 
-def crash_in_a_child(config: FerryConfig, store: Store, topic: str, point: str) -> list[bytes]:
-    """Buffer N keyed messages, then run the real transactional sender in a child process
-    that dies at ``point``; returns the values, in the order they were buffered."""
-    values = [f"m{i:05d}".encode() for i in range(N)]
-    store.append([[Record(topic, v, key=f"k{i % KEYS}".encode(), hash_key=True)
-                   for i, v in enumerate(values)]])
-    child = multiprocessing.get_context("spawn").Process(
-        target=_child, args=(config.model_dump(mode="json", by_alias=True), point))
-    child.start()
-    child.join(90)
-    assert child.exitcode == CRASHED, f"the child did not crash at {point}"
-    return values
-
-
 @pytest.mark.parametrize("point", ["before_progress", "before_commit", "after_commit"])
 def test_successor_leaves_each_message_once(tmp_path: Path, broker: Broker, unique_topic: str,
                                             point: str) -> None:
@@ -142,7 +82,7 @@ def test_successor_leaves_each_message_once(tmp_path: Path, broker: Broker, uniq
             assert _read_committed(broker.bootstrap, topic, seconds=2.0, require_end=False) == []
 
         registry = Registry()
-        successor = _sender(config, store, registry)
+        successor = exactly_once_sender(config, store, registry)
         successor.start()
         try:
             wait_until(lambda: not store.topic_stats() or
@@ -177,8 +117,8 @@ def test_a_second_running_agent_with_the_same_identity_fences_the_first_loudly(
     first_store = Store(first_cfg.buffer.path, first_cfg.buffer.max_bytes)
     second_store = Store(second_cfg.buffer.path, second_cfg.buffer.max_bytes)
     first_reg, second_reg = Registry(), Registry()
-    first = _sender(first_cfg, first_store, first_reg)
-    second = _sender(second_cfg, second_store, second_reg)
+    first = exactly_once_sender(first_cfg, first_store, first_reg)
+    second = exactly_once_sender(second_cfg, second_store, second_reg)
 
     def buffered(store: Store) -> int:
         return sum(s.messages for s in store.topic_stats())

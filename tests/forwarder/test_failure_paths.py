@@ -1,66 +1,22 @@
 """The forwarder's failure paths, as pure logic: a fake producer stands in for librdkafka so a
-test decides when a send is refused, fails or is acknowledged (the fakes of test_order.py).
+test decides when a send is refused, fails or is acknowledged (the fakes of fakes.py).
 
 Each test is a sequence that once lost order, sent what must not be sent, discarded what a
 cluster delivered, counted a failure twice, or let memory or the discard log grow."""
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from agent.buffer.store import Store
-from agent.config import BufferConfig, FerryConfig, ForwarderConfig, TopicConfig
+from agent.config import TopicConfig
 from agent.forwarder import reading
-from agent.forwarder.discard_log import DiscardLog
-from agent.forwarder.forwarder import Forwarder
 from agent.forwarder.partitioner import TopicLayout
-from agent.metrics import Registry
 from agent.records import Record
-from tests.forwarder.test_order import FakeCluster, steps_until
-from tests.waiting import wait_until
-
-
-class Setup:
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp_path = tmp_path
-        self.config = FerryConfig(
-            buffer=BufferConfig(path=tmp_path / "buffer"),
-            forwarder=ForwarderConfig(retry_backoff_ms=1, retry_backoff_max_ms=1))
-        self.store = Store(self.config.buffer.path, 64 * 1024 * 1024)
-        self.discards = tmp_path / "discards.jsonl"
-
-    def forwarder(self, clusters: dict[str, FakeCluster],
-                  settings: Callable[[str], TopicConfig] | None = None) -> Forwarder:
-        return Forwarder(self.config, self.store, registry=Registry(),
-                         discard_log=DiscardLog(self.discards),
-                         clusters=clusters,  # type: ignore[arg-type]
-                         topic_settings=settings)
-
-    def discard_ids(self) -> list[str]:
-        if not self.discards.exists():
-            return []
-        return [json.loads(line)["id"] for line in self.discards.read_text().splitlines()]
-
-    def discard_reasons(self) -> list[str]:
-        if not self.discards.exists():
-            return []
-        return [json.loads(line)["reason"] for line in self.discards.read_text().splitlines()]
-
-
-@pytest.fixture
-def setup(tmp_path: Path) -> Iterator[Setup]:
-    s = Setup(tmp_path)
-    try:
-        yield s
-    finally:
-        s.store.close()
+from tests.forwarder.fakes import FakeCluster, Setup, run_until, steps_until
 
 
 def refuse_once(cluster: FakeCluster, value: bytes, exc: Exception) -> None:
@@ -92,13 +48,6 @@ class Refusing(FakeCluster):
 
 def values(cluster: FakeCluster) -> list[bytes]:
     return [v for v, _ in cluster.p.sent]
-
-
-def run_until(fwd: Forwarder, done: Callable[[], bool], what: str) -> None:
-    """Step the loop until ``done()``, for up to 10 s: some waits here are timed (a refused
-    send is retried after 50 ms), so a count of steps is no bound."""
-    wait_until(lambda: fwd.step() is not None and done(), timeout=10, interval=0.001,
-               message=what)
 
 
 # -- order -----------------------------------------------------------------------------------

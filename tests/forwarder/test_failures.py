@@ -1,6 +1,6 @@
 """The failure policy (agent/forwarder/failures.py): what an error does to a backlog.
 
-A fault-injecting cluster (the fake producer of test_order.py) answers sends with the error
+A fault-injecting cluster (the fake producer of fakes.py) answers sends with the error
 under test, as a cluster with a wrong ACL or without the topic would; the forwarder must keep
 every message, flag the topic (its row, health naming topic and error), and deliver it all
 once the fault is gone. Only errors that can never succeed discard, as ``invalid``."""
@@ -20,8 +20,7 @@ from agent.forwarder.forwarder import Forwarder
 from agent.forwarder.partitioner import TopicLayout
 from agent.records import Record
 from status import model
-from tests.forwarder.test_failure_paths import Setup, run_until, setup  # noqa: F401
-from tests.forwarder.test_order import FakeCluster
+from tests.forwarder.fakes import FakeCluster, Setup, run_until
 
 REPO = Path(__file__).resolve().parents[2]
 COUNT = 20
@@ -49,7 +48,7 @@ def health(fwd: Forwarder) -> dict[str, object]:
     KafkaError._UNKNOWN_TOPIC,
 ], ids=lambda c: KafkaError(c).name())
 def test_an_operator_fixable_error_keeps_the_backlog_flags_it_and_recovers(
-    setup: Setup, code: int  # noqa: F811
+    setup: Setup, code: int
 ) -> None:
     local = FakeCluster()
     fwd = setup.forwarder({"local": local}, lambda t: TopicConfig(ttl_seconds=3600))
@@ -94,7 +93,7 @@ def test_an_operator_fixable_error_keeps_the_backlog_flags_it_and_recovers(
                                   KafkaError.INVALID_MSG],
                          ids=lambda c: KafkaError(c).name())
 def test_an_error_that_can_never_succeed_discards_only_that_message(
-    setup: Setup, code: int  # noqa: F811
+    setup: Setup, code: int
 ) -> None:
     """Refused in a batch, then refused alone (isolation.py): only then discarded."""
     local = FakeCluster()
@@ -153,7 +152,7 @@ class Unreachable(FakeCluster):
 
 
 def test_a_topic_waiting_for_its_partitions_is_shown_stuck_with_the_cluster_state(
-    setup: Setup,  # noqa: F811
+    setup: Setup,
 ) -> None:
     local = Unreachable(outage_after_seconds=0.2)
     fwd = setup.forwarder({"local": local})

@@ -1,6 +1,6 @@
 """Isolation (agent/forwarder/isolation.py) in the at-least-once loop: Kafka refuses a batch,
 and only the message refused alone is discarded; its neighbours are sent again alone and
-delivered, in order. A fault-injecting producer (test_order.py's) plays the cluster; the same
+delivered, in order. A fault-injecting producer (fakes.py's) plays the cluster; the same
 promises on Apache Kafka's real refusals are in test_kafka_refusals.py."""
 
 from __future__ import annotations
@@ -13,14 +13,13 @@ from confluent_kafka import KafkaError
 from agent.forwarder import isolation, timestamps
 from agent.forwarder.topic_limits import ALONE
 from agent.records import Record
-from tests.forwarder.test_failure_paths import Setup, run_until, setup  # noqa: F401
-from tests.forwarder.test_order import FakeCluster
+from tests.forwarder.fakes import FakeCluster, Setup, run_until
 
 HOUR_MS = 3_600_000
 
 
 def test_a_refused_batch_sends_each_message_alone_and_discards_only_the_culprit(
-    setup: Setup,  # noqa: F811
+    setup: Setup,
 ) -> None:
     local = FakeCluster()
     fwd = setup.forwarder({"local": local})
@@ -51,7 +50,7 @@ def test_a_refused_batch_sends_each_message_alone_and_discards_only_the_culprit(
     assert "INVALID_RECORD" in setup.discards.read_text()
 
 
-def test_a_batch_too_large_loses_nothing(setup: Setup) -> None:  # noqa: F811
+def test_a_batch_too_large_loses_nothing(setup: Setup) -> None:
     """MSG_SIZE_TOO_LARGE on a batch says nothing of any one message: each alone fits."""
     local = FakeCluster()
     fwd = setup.forwarder({"local": local})
@@ -69,7 +68,7 @@ def test_a_batch_too_large_loses_nothing(setup: Setup) -> None:  # noqa: F811
 
 
 def test_a_message_that_waited_past_the_topic_s_limit_is_restamped_not_lost(
-    setup: Setup,  # noqa: F811
+    setup: Setup,
 ) -> None:
     local = FakeCluster()
     fwd = setup.forwarder({"local": local})

@@ -13,7 +13,6 @@ messages (``messages_accepted``), checked against what was sent: none dropped at
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -26,9 +25,16 @@ from agent.forwarder import timestamps
 from ferry_client import FerryClient, FerryHttp, PublishRejected
 from tests.agent_harness import AgentProcess, write_config
 from tests.apache_kafka import KafkaCluster
-from tests.forwarder.apache_delivery import publish, status, tally, values
+from tests.forwarder.apache_delivery import (
+    committed,
+    logged_discards,
+    publish,
+    status,
+    tally,
+    until_drained,
+    values,
+)
 from tests.kafka import ConsumedMessage, read_topic
-from tests.reliability.checker import wait_transactions_settled
 from tests.reliability.harness import metric_total
 from tests.waiting import wait_until
 
@@ -57,18 +63,6 @@ def _oldest_age(agent: AgentProcess, topic: str) -> float:
     return 0.0
 
 
-def _discards(agent: AgentProcess) -> list[dict[str, object]]:
-    path = agent.config.discard_log_path
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def _committed(bootstrap: str, topic: str) -> list[bytes | None]:
-    wait_transactions_settled(bootstrap, topic)
-    return [m.value for m in read_topic(bootstrap, topic, 120, read_committed=True)]
-
-
 def _in_order(records: list[ConsumedMessage], prefix: str) -> bool:
     """Per partition, the messages of ``prefix`` are in the order they were sent."""
     by_partition: dict[int, list[int]] = {}
@@ -76,17 +70,6 @@ def _in_order(records: list[ConsumedMessage], prefix: str) -> bool:
         if r.value is not None and r.value.startswith(prefix.encode() + b"-"):
             by_partition.setdefault(r.partition, []).append(int(r.value.split(b"-")[1]))
     return all(seq == sorted(seq) for seq in by_partition.values())
-
-
-def _drained(agent: AgentProcess, timeout: float) -> None:
-    try:
-        wait_until(lambda: agent.buffered() == {}, timeout=timeout, interval=0.5,
-                   message="the buffer drained")
-    except AssertionError:
-        failures = [m for m in agent.get_json("/status/counters")["metrics"]
-                    if m["name"] == "delivery_failures"]
-        raise AssertionError(f"not drained: {agent.buffered()}; failures: {failures}; "
-                             f"{agent.log_tail(30)}") from None
 
 
 @pytest.mark.parametrize("kafka", ["apache_kafka", "newest_kafka"])
@@ -145,11 +128,11 @@ def test_a_topic_limited_below_a_batch_and_its_exactly_once_twin_lose_nothing(
         wait_until(lambda: all(_counter(agent, "messages_accepted", topic=t)
                                >= DATAGRAMS for t in (small, twin)),
                    timeout=30, message="every datagram accepted")
-        _drained(agent, timeout=60)
+        until_drained(agent, timeout=60)
         print(f"drained {time.monotonic() - last_sent:.1f} s after the last message; "
               f"oversize publishes: {answers}")
         doc = status(agent)
-        discards = _discards(agent)
+        discards = logged_discards(agent)
 
     for topic, prefix in ((small, "small"), (twin, "twin")):
         expected = [_value(prefix, i) for i in range(DATAGRAMS)]
@@ -157,7 +140,7 @@ def test_a_topic_limited_below_a_batch_and_its_exactly_once_twin_lose_nothing(
             records = read_topic(apache_kafka.bootstrap, topic, 60)
             got = [r.value for r in records]
         else:
-            got = _committed(apache_kafka.bootstrap, topic)
+            got = committed(apache_kafka.bootstrap, topic)
             records = read_topic(apache_kafka.bootstrap, topic, 60, read_committed=True)
         counted = tally(expected, [v for v in got if v is None or len(v) == SIZE])
         print(topic, counted)
@@ -165,7 +148,7 @@ def test_a_topic_limited_below_a_batch_and_its_exactly_once_twin_lose_nothing(
         assert _in_order(records, prefix), f"{topic}: order per partition broken"
         # The 20,000-byte publish: refused at intake (413) or discarded with Kafka's reason.
         assert oversize not in got
-    counted = tally(published, _committed(apache_kafka.bootstrap, other))
+    counted = tally(published, committed(apache_kafka.bootstrap, other))
     print(other, counted)
     assert counted.lost == [] and counted.duplicated == {}, counted
     # Nothing valid was discarded: only the oversize publishes, each with Kafka's reason.
@@ -224,14 +207,14 @@ def test_one_bad_record_costs_only_itself(tmp_path: Path, apache_kafka: KafkaClu
         wait_until(lambda: sum(_counter(agent, "messages_accepted", topic=t) for t in cases)
                    >= len(cases) * (good + 1) - at_intake,
                    timeout=30, message="every datagram accepted")
-        _drained(agent, timeout=90)
-        discards = _discards(agent)
+        until_drained(agent, timeout=90)
+        discards = logged_discards(agent)
         refused = {t: _counter(agent, "messages_refused", topic=t) for t in cases}
 
     print("refused:", refused)
     for topic, (_, kind) in cases.items():
         expected = [f"{kind}-{i:06d}".encode() for i in range(good + 1) if i != bad_at]
-        got = (_committed(apache_kafka.bootstrap, topic) if "-eo-" in topic
+        got = (committed(apache_kafka.bootstrap, topic) if "-eo-" in topic
                else values(apache_kafka.bootstrap, topic))
         counted = tally(expected, [v for v in got if v != f"{kind}-{bad_at:06d}".encode()])
         print(topic, counted)
@@ -270,7 +253,7 @@ def test_an_outage_longer_than_the_topic_s_timestamp_limit_loses_nothing(
     count = 300
     with AgentProcess(config) as agent:
         first = {t: publish(agent, t, "before", 10) for t in (plain, eo)}
-        _drained(agent, timeout=60)  # the topics are known, their limits learnt
+        until_drained(agent, timeout=60)  # the topics are known, their limits learnt
         proxies = [cluster.proxy(n.node_id) for n in cluster.nodes]
         for proxy in proxies:
             proxy.blackhole()
@@ -286,9 +269,9 @@ def test_an_outage_longer_than_the_topic_s_timestamp_limit_loses_nothing(
             for proxy in proxies:
                 proxy.restore()
         t0 = time.monotonic()
-        _drained(agent, timeout=120)
+        until_drained(agent, timeout=120)
         print(f"drained {time.monotonic() - t0:.1f} s after the proxies were restored")
-        discards = _discards(agent)
+        discards = logged_discards(agent)
         restamped = {t: _counter(agent, "messages_restamped", topic=t) for t in (plain, eo)}
     print("restamped:", restamped)
     assert discards == []
@@ -328,8 +311,8 @@ def test_a_message_at_ferry_s_own_limit_is_one_kafka_takes(
         sent = [os.urandom(n) for n in sizes]  # incompressible: the limit is on the batch
         for value in sent:
             http.publish(topic, value)
-        _drained(agent, timeout=60)
-        assert _discards(agent) == []
+        until_drained(agent, timeout=60)
+        assert logged_discards(agent) == []
     got = values(apache_kafka.bootstrap, topic)
     assert sorted(len(v or b"") for v in got) == list(sizes)
     assert set(got) == set(sent)

@@ -31,16 +31,18 @@ from tests.apache_kafka import KafkaCluster, Listener
 from tests.certificates import CertificateAuthority, Issued
 from tests.forwarder.apache_delivery import (
     cluster_row,
+    committed,
     ferry_status,
     health_messages,
     log_lines,
+    logged_discards,
     publish,
     status,
     tally,
     topic_row,
+    until_drained,
     values,
 )
-from tests.forwarder.test_kafka_refusals import _committed, _discards, _drained
 from tests.waiting import wait_until
 
 USER, PASSWORD = "ferry", "scram-secret-1"
@@ -224,10 +226,10 @@ def test_an_exactly_once_topic_an_acl_denies_holds_back_only_itself(
         assert doc["health"]["status"] == "critical", doc["health"]
         assert problems and "TOPIC_AUTHORIZATION_FAILED" in problems[0], problems
         kafka.set_acl("TOPIC", denied, "WRITE", "DENY", f"User:{USER}", remove=True)
-        _drained(agent, timeout=90)
-        assert _discards(agent) == []
+        until_drained(agent, timeout=90)
+        assert logged_discards(agent) == []
     for topic, expected in ((denied, kept), (allowed, sent)):
-        counted = tally(expected, _committed(kafka.bootstrap, topic))
+        counted = tally(expected, committed(kafka.bootstrap, topic))
         print(topic, counted)
         assert counted.lost == [] and counted.duplicated == {}, counted
 
@@ -262,11 +264,11 @@ def test_an_acl_exactly_once_needs_is_named_in_health_and_nothing_is_lost(
             assert agent.buffered() == {topic: 20}
             kafka.set_acl(resource, name, "ALL", "DENY", f"User:{USER}", prefixed=True,
                           remove=True)
-            _drained(agent, timeout=90)
+            until_drained(agent, timeout=90)
     finally:
         kafka.set_acl(resource, name, "ALL", "DENY", f"User:{USER}", prefixed=True,
                       remove=True)
-    counted = tally(kept, _committed(kafka.bootstrap, topic))
+    counted = tally(kept, committed(kafka.bootstrap, topic))
     assert counted.lost == [] and counted.duplicated == {}, counted
 
 

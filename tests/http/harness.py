@@ -2,24 +2,28 @@
 
 ``start(config)`` starts it as the daemon does (``create_app`` + ``HttpServer``) and returns
 a ``Served`` with an httpx client; requests are real HTTP over loopback. The fixtures in
-conftest.py build on it.
+conftest.py build on it. ``hold_writer(served)`` holds the buffer writer inside a commit
+callback (a ``Gate``) until the test releases it, so that requests queue up
+deterministically; ``queued_messages(served)`` counts those waiting for the writer.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from agent.buffer.committer import Committer
+from agent.buffer.committer import Committer, Result
 from agent.buffer.store import Store, StoredMessage
 from agent.config import FerryConfig
 from agent.ingest.http.app import FerryApp, create_app
 from agent.ingest.http.server import HttpServer
 from agent.ingest.runtime import Phase, Runtime
 from agent.metrics import Registry
+from agent.records import Record
 
 
 @dataclass
@@ -93,3 +97,32 @@ def start(config: FerryConfig, *, running: bool = True) -> Served:
         runtime.set_phase(Phase.RUNNING)
     client = httpx.Client(base_url=server.url, timeout=30.0)
     return Served(runtime, app, server, client, registry)
+
+
+# -- the buffer writer held, so that requests queue up deterministically --------------------
+
+WAIT = 30.0
+
+
+class Gate:
+    """A commit callback that holds the writer thread until released."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, result: Result) -> None:
+        self.entered.set()
+        assert self.release.wait(WAIT), "gate never released"
+
+
+def hold_writer(served: Served) -> Gate:
+    gate = Gate()
+    served.committer.submit([Record("gate", b"g")], "socket", gate)
+    assert gate.entered.wait(WAIT)
+    return gate
+
+
+def queued_messages(served: Served) -> int:
+    with served.committer._cond:  # noqa: SLF001 - how many records wait for the writer
+        return sum(len(s.records) for s in served.committer._pending)  # noqa: SLF001

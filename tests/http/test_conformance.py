@@ -19,8 +19,7 @@ import pytest
 
 from agent.ingest.http.protocol import Request
 from tests.http import raw
-from tests.http.harness import Served
-from tests.http.test_handover import _hold_writer
+from tests.http.harness import Served, hold_writer
 from tests.waiting import wait_until
 
 WAIT = 30.0
@@ -160,7 +159,7 @@ def test_pipelined_bodies_held_ahead_of_their_answers_are_bounded(
     count, size = 24, 1 << 20
     payload = b"".join(raw.publish("piped", b"%02d" % i + b"x" * (size - 2))
                        for i in range(count))
-    gate = _hold_writer(served)
+    gate = hold_writer(served)
     sock = raw.connect(served)
     sender = threading.Thread(target=sock.sendall, args=(payload,), daemon=True)
     try:

@@ -3,57 +3,30 @@
 Requests of one event-loop iteration go to the writer together (``submit_groups``) and come
 back together; each must still get its own ids and its own answer, only after its commit, and
 a writer that cannot take them must refuse every one of them, storing nothing. The writer is
-held inside a commit callback (``Gate``) so that requests queue up deterministically.
+held inside a commit callback (harness.py's ``Gate``) so that requests queue up
+deterministically.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
 from agent.buffer import keys
-from agent.buffer.committer import Result
 from agent.records import Record
-from tests.http.harness import Served
+from tests.http.harness import WAIT, Served, hold_writer, queued_messages
 from tests.waiting import wait_until
-
-WAIT = 30.0
-
-
-class Gate:
-    """A commit callback that holds the writer thread until released."""
-
-    def __init__(self) -> None:
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def __call__(self, result: Result) -> None:
-        self.entered.set()
-        assert self.release.wait(WAIT), "gate never released"
-
-
-def _hold_writer(served: Served) -> Gate:
-    gate = Gate()
-    served.committer.submit([Record("gate", b"g")], "socket", gate)
-    assert gate.entered.wait(WAIT)
-    return gate
-
-
-def _queued_messages(served: Served) -> int:
-    with served.committer._cond:  # noqa: SLF001 - how many records wait for the writer
-        return sum(len(s.records) for s in served.committer._pending)  # noqa: SLF001
 
 
 def test_concurrent_requests_are_answered_only_after_their_commit(served: Served) -> None:
     n = 20
-    gate = _hold_writer(served)
+    gate = hold_writer(served)
     commits = served.counter("buffer_commits")
     with ThreadPoolExecutor(n) as pool, httpx.Client(base_url=served.url, timeout=WAIT) as c:
         answers = [pool.submit(c.post, "/topics/h", content=b"m%d" % i) for i in range(n)]
-        wait_until(lambda: _queued_messages(served) == n, timeout=WAIT,
+        wait_until(lambda: queued_messages(served) == n, timeout=WAIT,
                    message="every request queued for the writer")
         assert not any(a.done() for a in answers)  # nothing answered before the commit
         gate.release.set()
@@ -70,7 +43,7 @@ def test_concurrent_requests_are_answered_only_after_their_commit(served: Served
 
 
 def test_a_writer_behind_answers_503_overloaded_and_stores_nothing(served: Served) -> None:
-    gate = _hold_writer(served)
+    gate = hold_writer(served)
     served.committer.max_pending_bytes = 100
     served.committer.submit([Record("filler", b"x" * 200)], "socket")  # over the limit now
     r = served.client.post("/topics/o", content=b"v")
@@ -81,7 +54,7 @@ def test_a_writer_behind_answers_503_overloaded_and_stores_nothing(served: Serve
     assert r.status_code == 503 and r.json()["error"] == "overloaded"
     assert served.counter("messages_rejected", source="http", reason="overloaded") == 3
     gate.release.set()
-    wait_until(lambda: _queued_messages(served) == 0, timeout=WAIT, message="queue drained")
+    wait_until(lambda: queued_messages(served) == 0, timeout=WAIT, message="queue drained")
     assert served.messages("o") == []
     assert served.client.post("/topics/o", content=b"later").status_code == 202
     assert [m.record.value for m in served.messages("o")] == [b"later"]
@@ -97,7 +70,7 @@ def test_a_closed_writer_answers_503_shutting_down(served: Served) -> None:
 def test_answers_keep_flowing_after_refusals(serve: Callable[..., Served]) -> None:
     # A hand-over refused as a whole must not leave the next iteration's queue in a bad state.
     served = serve()
-    gate = _hold_writer(served)
+    gate = hold_writer(served)
     served.committer.max_pending_bytes = 100
     served.committer.submit([Record("filler", b"x" * 200)], "socket")
     assert served.client.post("/topics/a", content=b"1").status_code == 503

@@ -19,8 +19,7 @@ from agent.buffer import keys
 from agent.ingest.http.protocol import Request
 from agent.ingest.http.publish import Publisher
 from tests.http import raw
-from tests.http.harness import Served
-from tests.http.test_handover import WAIT, _hold_writer, _queued_messages
+from tests.http.harness import WAIT, Served, hold_writer, queued_messages
 from tests.waiting import wait_until
 
 
@@ -160,10 +159,10 @@ def test_other_spellings_of_a_publish_path_still_publish(
 
 
 def test_stopping_answers_a_direct_publish_in_flight_then_closes(served: Served) -> None:
-    gate = _hold_writer(served)
+    gate = hold_writer(served)
     with raw.connect(served) as sock:
         sock.sendall(raw.publish("s", b"in flight"))
-        wait_until(lambda: _queued_messages(served) == 1, timeout=WAIT,
+        wait_until(lambda: queued_messages(served) == 1, timeout=WAIT,
                    message="the publish queued for the writer")
         stopper = threading.Thread(target=served.server.stop, args=(WAIT,))
         stopper.start()
@@ -178,10 +177,10 @@ def test_stopping_answers_a_direct_publish_in_flight_then_closes(served: Served)
 
 
 def test_a_client_gone_before_its_commit_leaves_the_server_serving(served: Served) -> None:
-    gate = _hold_writer(served)
+    gate = hold_writer(served)
     with raw.connect(served) as sock:
         sock.sendall(raw.publish("g", b"orphan"))
-        wait_until(lambda: _queued_messages(served) == 1, timeout=WAIT,
+        wait_until(lambda: queued_messages(served) == 1, timeout=WAIT,
                    message="the publish queued for the writer")
     gate.release.set()
     # Stored (it was handed over before the client left) and counted like any other.
@@ -256,10 +255,10 @@ def test_stopping_waits_for_a_direct_publish_whose_client_has_gone(
 ) -> None:
     # The server is fresh: this is the first publish it sees (the publisher binds to the
     # loop with it), with the writer held so that its commit cannot come back in time.
-    gate = _hold_writer(served)
+    gate = hold_writer(served)
     with raw.connect(served) as sock:
         sock.sendall(raw.publish("gone", b"stored", *headers))
-        wait_until(lambda: _queued_messages(served) == 1, timeout=WAIT,
+        wait_until(lambda: queued_messages(served) == 1, timeout=WAIT,
                    message="the publish queued for the writer")
     stopper = threading.Thread(target=served.server.stop, args=(WAIT,))
     stopper.start()

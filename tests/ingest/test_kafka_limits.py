@@ -17,7 +17,7 @@ import pytest
 from agent.signals.limits import Limit, LimitsPublisher, file_path
 from ferry_client.wire import encode_any_partition
 from tests.http.harness import Served, make_config, start
-from tests.ingest.test_socket_server import Running, start_running  # noqa: F401 - fixture
+from tests.ingest.harness import Running
 from tests.waiting import wait_until
 
 LIMIT = 10_000
@@ -94,7 +94,7 @@ def test_http_accepts_everything_while_the_limits_are_unknown(
 
 
 @pytest.fixture
-def limited(tmp_path: Path, start_running: Callable[..., Running]  # noqa: F811
+def limited(tmp_path: Path, start_running: Callable[..., Running]
             ) -> Running:
     running = start_running()
     _limits(tmp_path / "buffer")  # before the first datagram: the first one looks

@@ -10,71 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.buffer.committer import Committer
-from agent.buffer.store import BufferUnavailable, Store, StoredMessage
-from agent.config import BufferConfig, FerryConfig, SocketConfig, TopicConfig
+from agent.buffer.store import BufferUnavailable
+from agent.config import TopicConfig
 from agent.ingest.gil import SWITCH_INTERVAL, lower_switch_interval
-from agent.ingest.socket_server import SocketServer
-from agent.metrics import Registry
 from agent.records import Record
-from agent.topics import TopicCatalog
 from ferry_client.wire import encode_any_partition, encode_partition_key
+from tests.ingest.harness import Running
 from tests.waiting import wait_until
-
-MB = 1024 * 1024
-
-
-class Running:
-    def __init__(self, tmp_path: Path, *, default_max_bytes: int | None = None,
-                 catalog: bool = False) -> None:
-        # A short directory: AF_UNIX paths are limited to ~108 bytes.
-        topics = {} if default_max_bytes is None else {
-            "default": TopicConfig(max_message_bytes=default_max_bytes)}
-        self.config = FerryConfig(buffer=BufferConfig(path=tmp_path / "buffer"),
-                                  socket=SocketConfig(path=tmp_path / "s.sock"),
-                                  **({"topics": topics} if topics else {}))
-        self.store = Store(tmp_path / "buffer", 64 * MB, initial_map_bytes=MB)
-        self.registry = Registry()
-        self.committer = Committer(self.store, registry=self.registry)
-        # As the daemon wires it when catalog is set: topics defined over HTTP count too.
-        self.catalog = TopicCatalog(self.config, self.store) if catalog else None
-        self.server = SocketServer(
-            self.config, self.committer, self.registry,
-            topic_settings=self.catalog.settings if self.catalog is not None else None)
-        self.sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-
-    def send(self, datagram: bytes) -> None:
-        self.sender.sendto(datagram, str(self.config.socket.path))
-
-    def counter(self, name: str, **labels: str) -> float:
-        return self.registry.view().total(name, **labels)
-
-    def stored(self, topic: str) -> list[StoredMessage]:
-        return [m for m in self.store.read(topic, None, 10_000) if isinstance(m, StoredMessage)]
-
-
-@pytest.fixture
-def start_running(tmp_path: Path) -> Iterator[Callable[..., Running]]:
-    started: list[Running] = []
-
-    def start(**kwargs: object) -> Running:
-        r = Running(tmp_path, **kwargs)  # type: ignore[arg-type]
-        r.committer.start()
-        r.server.start()
-        started.append(r)
-        return r
-
-    original = sys.getswitchinterval()
-    sys.setswitchinterval(0.005)
-    try:
-        yield start
-    finally:
-        for r in started:
-            r.server.stop()
-            r.committer.close()
-            r.store.close()
-            r.sender.close()
-        sys.setswitchinterval(original)
 
 
 @pytest.fixture

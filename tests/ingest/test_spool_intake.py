@@ -10,10 +10,9 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pytest
 
@@ -34,6 +33,7 @@ from spool.format import (
 )
 from spool.writer import write_spool_file
 from tests.agent_harness import AgentProcess, running_agent, write_config
+from tests.ingest.harness import buffered, intake_only
 from tests.kafka import Broker, consume_all, read_topic
 from tests.waiting import wait_until
 
@@ -222,33 +222,6 @@ def _buffered_values(root: Path, topic: str) -> list[bytes]:
 MB = 1024 * 1024
 
 
-@contextmanager
-def intake_only(root: Path, max_bytes: int = 256 * MB,
-                after_ingest: Literal["delete", "move"] = "delete",
-                buffer_path: Path | None = None,
-                reserve_bytes: int = 32 * MB,
-                scan_interval_seconds: float = 5.0) -> Iterator[SpoolIntake]:
-    """A SpoolIntake on a real buffer and committer, its scans driven by the test (or by
-    its own thread, once the test starts it)."""
-    config = FerryConfig(buffer=BufferConfig(path=buffer_path or root / "buffer",
-                                             max_bytes=max_bytes, reserve_bytes=reserve_bytes),
-                         spool=SpoolConfig(dirs=[root / "spool"], after_ingest=after_ingest,
-                                           scan_interval_seconds=scan_interval_seconds))
-    (root / "spool").mkdir()
-    registry = Registry()
-    store = Store(config.buffer.path, config.buffer.max_bytes, track=False,
-                  reserve_bytes=config.buffer.reserve_bytes)
-    committer = Committer(store, registry=registry)
-    committer.start()
-    intake = SpoolIntake(Runtime(config, store, committer, registry))
-    try:
-        yield intake
-    finally:
-        intake.stop()
-        committer.close()
-        store.close()
-
-
 def claimed(spool: Path, name: str) -> Path:
     """Where the intake keeps a file it claimed (``spool/.ingesting/NAME``)."""
     return spool / ".ingesting" / name
@@ -261,12 +234,6 @@ def place(intake: SpoolIntake, name: str, records: list[SpoolRecord], block_byte
     tmp.write_bytes(encode_file(records, block_bytes=block_bytes))
     tmp.rename(path)
     return path
-
-
-def buffered(store: Store, topic: str) -> list[StoredMessage]:
-    out = [m for m in store.read(topic, None, 10_000_000) if isinstance(m, StoredMessage)]
-    assert len(out) == len(store.read(topic, None, 10_000_000))
-    return out
 
 
 MIXED = [SpoolRecord("orders" if i % 7 < 4 else "clicks", b"value-%d" % i,

@@ -524,3 +524,28 @@ def tally(ledger: Ledger, name: str, counts: collections.Counter[bytes]) -> Inpu
         unknown=len(found - sent),
         lost_examples=[v.decode() for v in missing[:20]],
     )
+
+
+def check_report(report: Report, artifacts: Path, kills: int) -> None:
+    """Save ``report`` among the artifacts and assert what a crash run must show: every kill
+    ran, nothing acknowledged lost, no value nobody sent, acknowledged traffic on every
+    input, no duplicate on an exactly-once stream, every datagram round counted, and kills
+    in at least three kinds of state. (test_crash.py, test_crash_kafka.py)"""
+    (artifacts / "crash-report.json").write_text(report.to_json())
+    print("\n" + report.summary())
+    assert report.kills == kills, f"only {report.kills} of {kills} kills ran in the time budget"
+    for name, tally in report.inputs.items():
+        assert tally.lost == 0, (
+            f"{tally.lost} acknowledged {name} messages lost, e.g. {tally.lost_examples}; "
+            f"{report.summary()}")
+        assert tally.unknown == 0, f"{name}: {tally.unknown} values in Kafka nobody sent"
+        # The check means something only if every input had acknowledged traffic.
+        assert tally.acked > 0, f"no {name} message was acknowledged: {report.summary()}"
+        if is_exactly_once(name):
+            # delivery = "exactly_once", read read_committed: not one value twice (the
+            # at-least-once streams of the same run show what kills do without it).
+            assert tally.duplicates == 0, f"{name}: {tally.duplicates} duplicates; " \
+                f"{report.summary()}"
+    assert report.socket_round_timeouts == 0, "a live agent never counted a datagram round"
+    modes = report.modes()
+    assert len(modes) >= 3, f"kills should land in varied states: {modes}"

@@ -15,8 +15,7 @@ import re
 from pathlib import Path
 
 from tests.apache_kafka import KafkaCluster
-from tests.reliability.checker import KILL_MODES, run_crash_check
-from tests.reliability.test_crash import _check
+from tests.reliability.checker import KILL_MODES, check_report, run_crash_check
 
 # Few kills, each kind of kill point at least once: the machine is shared (aim: ~2 min).
 KAFKA_KILLS = int(os.environ.get("FERRY_RELIABILITY_KAFKA_KILLS", "5"))
@@ -36,5 +35,5 @@ def test_sigkill_at_each_kill_point_on_apache_kafka_loses_nothing_and_duplicates
                                          r"committed", log)]
     print(f"removed as already in Kafka at reopen: {sum(found)} messages in {len(found)} "
           "reopens")
-    _check(report, artifacts_dir, KAFKA_KILLS)
+    check_report(report, artifacts_dir, KAFKA_KILLS)
     assert set(report.modes()) == set(KILL_MODES[:KAFKA_KILLS]), report.modes()

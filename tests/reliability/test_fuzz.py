@@ -177,7 +177,7 @@ def test_mutated_binary_spool_files_through_the_intake_are_ingested_whole_or_qua
     """The intake itself (its bulk block path, not the reader) on a real buffer: a file the
     reader accepts is buffered exactly; one it refuses is quarantined with its reason, every
     message it left buffered is counted, and the next good file is still ingested."""
-    from tests.ingest.test_spool_intake import buffered, intake_only
+    from tests.ingest.harness import buffered, intake_only
 
     data = _mutate(encode_file(records, block_bytes=block), ops)
     if reseal:

@@ -18,12 +18,12 @@ from pathlib import Path
 from tests.agent_harness import write_config
 from tests.kafka import Broker, ConsumedMessage, create_topic, read_topic
 from tests.reliability.harness import Agent, metric_total
-from tests.reliability.test_outage import (
+from tests.reliability.keyed_load import (
+    KeyedSender,
     KeyedTally,
-    _http_load,
-    _Sender,
-    _socket_load,
-    _tally,
+    http_load,
+    socket_load,
+    tally_of,
 )
 from tests.waiting import wait_until
 
@@ -32,11 +32,11 @@ def _committed(bootstrap: str, topic: str) -> list[ConsumedMessage]:
     return read_topic(bootstrap, topic, 120, read_committed=True)
 
 
-def _start_load(agent: Agent, topics: dict[str, str], senders: dict[str, _Sender]
+def _start_load(agent: Agent, topics: dict[str, str], senders: dict[str, KeyedSender]
                 ) -> list[threading.Thread]:
     threads = [
-        threading.Thread(target=_http_load, args=(agent, topics["http"], senders["http"])),
-        threading.Thread(target=_socket_load, args=(agent, topics["socket"], senders["socket"])),
+        threading.Thread(target=http_load, args=(agent, topics["http"], senders["http"])),
+        threading.Thread(target=socket_load, args=(agent, topics["socket"], senders["socket"])),
     ]
     for t in threads:
         t.start()
@@ -66,7 +66,7 @@ def test_broker_restart_on_exactly_once_topics(
         topics={t: {"delivery": "exactly_once", "acks": "all", "ack_timeout_ms": 0}
                 for t in topics.values()},
         forwarder={"message_timeout_ms": 5000, "retry_backoff_max_ms": 1000})
-    senders = {name: _Sender(name) for name in topics}
+    senders = {name: KeyedSender(name) for name in topics}
     with Agent(config) as agent:
         threads = _start_load(agent, topics, senders)
         try:
@@ -99,11 +99,11 @@ def test_broker_restart_on_exactly_once_topics(
         sender = senders[name]
         records = _committed(broker.bootstrap, topic)
         # Only what was sent from the stop on can still be in Kafka after the wipe.
-        after = _Sender(name)
+        after = KeyedSender(name)
         after.sent = sender.sent[sent_before[name]:]
         after.acked = sender.acked & set(after.sent)
         kept = set(after.sent)
-        tally = _tally(after, [r for r in records if r.value in kept])
+        tally = tally_of(after, [r for r in records if r.value in kept])
         all_values = [r.value for r in records]
         assert len(all_values) == len(set(all_values)), f"{name}: a value twice in Kafka"
         (artifacts_dir / f"restart-{name}.json").write_text(json.dumps(tally.__dict__))

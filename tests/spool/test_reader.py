@@ -6,7 +6,6 @@ import json
 import os
 import struct
 import time
-import zlib
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,6 @@ import pytest
 from spool.format import (
     BLOCK_HEADER,
     FILE_HEADER,
-    RECORD_HEADER,
     SpoolFormatError,
     SpoolRecord,
     encode_file,
@@ -32,18 +30,8 @@ from spool.reader import (
     read_spool_file,
     verify,
 )
+from tests.spool.samples import BUGGY_BODIES, RECORDS, file_with_body
 
-RECORDS = [
-    SpoolRecord(
-        topic="orders" if i % 3 else "clicks",
-        value=f"value {i}".encode() * (i % 5 + 1),
-        key=f"k{i}".encode() if i % 2 else None,
-        partition_key=i - 10 if i % 4 == 0 else None,
-        timestamp_ms=1_700_000_000_000 + i,
-        headers=(("n", str(i).encode()),) if i % 6 == 0 else (),
-    )
-    for i in range(40)
-]
 ONE = len(encode_record(RECORDS[0]))
 
 
@@ -199,42 +187,13 @@ def test_without_verify_first_intact_blocks_before_the_damage_are_read(tmp_path:
     assert yielded == list(enumerate(RECORDS))[: first + second]
 
 
-def _file_with_body(body: bytes, count: int) -> bytes:
-    """A file whose single block holds ``body`` with a correct CRC: a buggy writer's output."""
-    header = FILE_HEADER.pack(b"FERRYSPL", 1, 0)
-    block = BLOCK_HEADER.pack(len(body), count, zlib.crc32(body))
-    crc = zlib.crc32(header + block)
-    return header + block + body + struct.pack("<I8sQI", 0, b"FERRYEND", count, crc)
-
-
-R0 = encode_record(RECORDS[0])
-LONG = encode_record(SpoolRecord("t", b"x" * 100))
-BUGGY_BODIES = {
-    "zero length": (R0 + b"\0" * 30, 2, f"record 1 at offset {24 + len(R0)}: record length 0 is"),
-    "count too high": (LONG, 2, "says 2 records but holds 1"),
-    "cut record": (LONG + LONG[:40], 2, f"record 1 at offset {24 + len(LONG)}: record of"),
-    "cut header": (LONG + LONG[:20], 2, "record header runs past the end of its block"),
-    "bad topic": (RECORD_HEADER.pack(31, 0, 1, 0, 0, 0, 0, 2) + b" vv", 1, "' ' is not a legal"),
-    "flags": (RECORD_HEADER.pack(31, 8, 1, 0, 0, 0, 0, 2) + b"tvv", 1, "unknown record flags"),
-    "stray pk": (RECORD_HEADER.pack(31, 0, 1, 0, 7, 0, 0, 2) + b"tvv", 1, "partition key is not"),
-    "stray key": (RECORD_HEADER.pack(31, 0, 1, 0, 0, 0, 1, 1) + b"tkv", 1, "key length is not 0"),
-    "header": (RECORD_HEADER.pack(31, 0, 1, 1, 0, 0, 0, 2) + b"tvv", 1, "header 0 runs past"),
-    "header tail": (
-        RECORD_HEADER.pack(38, 0, 1, 1, 0, 0, 0, 2) + b"tvv" + struct.pack("<HI", 0, 0) + b"x",
-        1,
-        "record length does not match its fields",
-    ),
-    "long": (RECORD_HEADER.pack(99, 0, 1, 1, 0, 0, 0, 2) + b"tvv", 1, "runs past the end of its"),
-}
-
-
 @pytest.mark.parametrize(
     ("body", "count", "message"), list(BUGGY_BODIES.values()), ids=list(BUGGY_BODIES)
 )
 def test_malformed_records_in_an_intact_file_stop_the_reader(
     tmp_path: Path, body: bytes, count: int, message: str
 ) -> None:
-    path = write(tmp_path, "buggy.ferry", _file_with_body(body, count))
+    path = write(tmp_path, "buggy.ferry", file_with_body(body, count))
     assert verify(path) == count  # the shallow check trusts an intact block
     with pytest.raises(SpoolFormatError, match="buggy.ferry") as failure:
         verify(path, deep=True)
@@ -462,7 +421,7 @@ def test_iter_blocks_checks_the_whole_file_before_the_first_block(tmp_path: Path
 def test_decode_block_names_the_malformed_record(
     tmp_path: Path, body: bytes, count: int, message: str
 ) -> None:
-    path = write(tmp_path, "buggy.ferry", _file_with_body(body, count))
+    path = write(tmp_path, "buggy.ferry", file_with_body(body, count))
     reader = BinarySpoolReader(path)
     (block,) = reader.iter_blocks()
     with pytest.raises(SpoolFormatError, match="buggy.ferry") as failure:
