@@ -205,6 +205,7 @@ def test_an_idle_agent_sends_a_probe_and_a_metadata_refresh_and_little_else(
     with AgentProcess(config) as agent:
         _send_and_deliver(agent, proxied_kafka.bootstrap, at_least_once, exactly_once)
         busy = sum(p.active_connections for p in proxies)
+        delivered = time.monotonic()
         # librdkafka sends each full refresh to a connected broker picked at random: while
         # two refreshes in a row go to different brokers, both of the producer's connections
         # stay in use. It settles on one once the same broker comes twice (a closed one is
@@ -212,6 +213,7 @@ def test_an_idle_agent_sends_a_probe_and_a_metadata_refresh_and_little_else(
         wait_until(lambda: sum(p.active_connections for p in proxies) <= len(proxies),
                    timeout=4 * REQUESTS_IDLE_SECONDS, interval=0.2,
                    message="the agent's idle connections closed")
+        settled = time.monotonic() - delivered
         before, accepted = counts(), sum(p.connections_accepted for p in proxies)
         started = time.monotonic()
         time.sleep(REQUESTS_WINDOW)  # the window measured, not a synchronisation
@@ -245,7 +247,8 @@ def test_an_idle_agent_sends_a_probe_and_a_metadata_refresh_and_little_else(
     detail = ", ".join(f"{API_NAMES.get(api, api)} from {client} {n / elapsed:.2f}"
                        for (api, client), n in sorted(sent.items()) if n)
     print(f"\nFIGURES idle requests: {per_second:.2f}/s over {elapsed:.0f} s ({detail}); "
-          f"connections busy {busy}, idle {idle}, {opened} opened while idle "
+          f"connections busy {busy}, idle {idle} ({settled:.0f} s after the last delivery), "
+          f"{opened} opened while idle "
           f"(idle_connection_seconds {REQUESTS_IDLE_SECONDS:g}); cluster {state}, down "
           f"{down_after:.1f} s after it was cut off (bound "
           f"{OUTAGE_AFTER + 2 * PROBE_INTERVAL + SLACK:g} s)")
