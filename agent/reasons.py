@@ -72,8 +72,8 @@ UNREADABLE: Final = "unreadable"
 # other refusal is about the input itself.
 SPACE: Final = frozenset({BUFFER_FULL, DISK_FULL, DISK_ERROR})
 
-# Refused before it was acknowledged: the client was told (an HTTP status, a datagram counted
-# and sampled, a spool file quarantined). Word -> (sources, meaning).
+# Refused before it was acknowledged: the client was told (an HTTP status, a datagram or a
+# spool record counted and sampled, a spool file quarantined). Word -> (sources, meaning).
 REJECTED: Final[dict[str, tuple[str, str]]] = {
     MALFORMED: ("socket", "not Bruce's datagram format (sizes, lengths, trailing bytes)"),
     UNSUPPORTED_API_KEY: ("socket", "a datagram ApiKey other than 256 or 257"),
@@ -108,12 +108,13 @@ REJECTED: Final[dict[str, tuple[str, str]]] = {
     DISK_ERROR: ("socket, http", "the buffer's disk refused a write (503)"),
     UNENCODABLE: ("socket, http, spool", "a record the buffer cannot encode (400; a spool "
                   "file holding one is quarantined as unencodable)"),
-    TOO_LARGE_FOR_TOPIC: ("socket, http", "larger, even alone in a batch and compressed, "
-                          "than the Kafka topic's max.message.bytes on the local cluster "
-                          "(413)"),
-    TIMESTAMP_OUT_OF_RANGE: ("socket", "a client-set timestamp older than the Kafka topic's "
-                             "message.timestamp.before.max.ms, or further ahead than its "
-                             "after.max.ms, by more than a minute"),
+    TOO_LARGE_FOR_TOPIC: ("socket, http, spool", "larger, even alone in a batch and "
+                          "compressed, than the Kafka topic's max.message.bytes on the local "
+                          "cluster (413; a spool record is left out, the rest of its file "
+                          "ingested)"),
+    TIMESTAMP_OUT_OF_RANGE: ("socket, spool", "a client-set timestamp older than the Kafka "
+                             "topic's message.timestamp.before.max.ms, or further ahead than "
+                             "its after.max.ms, by more than a minute"),
 }
 
 # Buffered (acknowledged), then dropped by an explicit rule; each is in the discard log.

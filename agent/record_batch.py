@@ -172,6 +172,21 @@ def never_fits(limit: int, codec: str, key: bytes | None, value: bytes,
 Timing = Literal["old", "future"]
 
 
+def timestamp_window(now_ms: int, before_max_ms: int | None, after_max_ms: int | None
+                     ) -> tuple[int, int]:
+    """The oldest and the newest client-set timestamp a topic with these
+    ``message.timestamp.before.max.ms`` and ``after.max.ms`` takes, judged by this host's
+    clock at acceptance (``now_ms``), with ``SKEW_MS`` to spare on both sides (see
+    ``impossible_timestamp``); an unknown or unlimited side is the i64 range's end. For a
+    source that looks at many records against one topic with two comparisons each."""
+    earliest, latest = -(2**63), 2**63 - 1
+    if before_max_ms is not None and before_max_ms < NO_LIMIT_MS:
+        earliest = now_ms - before_max_ms - SKEW_MS
+    if after_max_ms is not None and after_max_ms < NO_LIMIT_MS:
+        latest = now_ms + after_max_ms + SKEW_MS
+    return earliest, latest
+
+
 def impossible_timestamp(ts_ms: int, now_ms: int, before_max_ms: int | None,
                          after_max_ms: int | None) -> Timing | None:
     """"old" or "future" when a topic with these ``message.timestamp.before.max.ms`` and
@@ -184,11 +199,9 @@ def impossible_timestamp(ts_ms: int, now_ms: int, before_max_ms: int | None,
     is no client's time: librdkafka stamps 0 with the send time."""
     if ts_ms <= 0:
         return None
-    if before_max_ms is not None and before_max_ms < NO_LIMIT_MS \
-            and ts_ms < now_ms - before_max_ms - SKEW_MS:
+    earliest, latest = timestamp_window(now_ms, before_max_ms, after_max_ms)
+    if ts_ms < earliest:
         return "old"
-    if after_max_ms is not None and after_max_ms < NO_LIMIT_MS \
-            and ts_ms > now_ms + after_max_ms + SKEW_MS:
+    if ts_ms > latest:
         return "future"
     return None
-

@@ -1,11 +1,13 @@
 """Spool intake into the buffer: binary spool files -> SpoolIntake -> durable LMDB commits.
 
     .venv/bin/python bench/bench_spool_intake.py [--records 1000000] [--files 4] [--size 200]
-        [--topics 1] [--headers]
+        [--topics 1] [--headers] [--kafka-limits]
 
 ``--topics N`` spreads the records round robin over N topics (the worst case for the bulk
 path's runs of one topic); ``--headers`` gives every record a header (the record-at-a-time
-fallback).
+fallback); ``--kafka-limits`` publishes limits for every topic first, as the forwarder does
+once it knows them (Kafka 4's defaults: max.message.bytes 1048588, after.max.ms 1 h), so
+each record is compared with them (none is refused).
 
 No Kafka: this measures the ingest half (claim + read + verify and fingerprint + convert +
 commit with progress). Prints records/s from the first scan to the last file finished, the
@@ -32,6 +34,8 @@ from agent.config import BufferConfig, FerryConfig, SpoolConfig  # noqa: E402
 from agent.ingest.runtime import Runtime  # noqa: E402
 from agent.ingest.spool_intake import SpoolIntake  # noqa: E402
 from agent.metrics import Registry  # noqa: E402
+from agent.signals.limits import Limit, LimitsPublisher  # noqa: E402
+from agent.signals.limits import file_path as limits_file_path  # noqa: E402
 from spool.format import SpoolRecord  # noqa: E402
 from spool.writer import SpoolWriter  # noqa: E402
 
@@ -43,6 +47,7 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=200)
     ap.add_argument("--topics", type=int, default=1)
     ap.add_argument("--headers", action="store_true")
+    ap.add_argument("--kafka-limits", action="store_true")
     args = ap.parse_args()
     # Before any load: how fast this host is now (bench/hostspeed.py).
     print(hostspeed.describe(Path(tempfile.gettempdir())), flush=True)
@@ -65,6 +70,9 @@ def main() -> None:
         committer = Committer(store, registry=registry)
         committer.start()
         intake = SpoolIntake(Runtime(config, store, committer, registry))
+        if args.kafka_limits:
+            LimitsPublisher(limits_file_path(config.buffer.path), "lz4").publish(
+                {t: Limit(1_048_588, None, 3_600_000) for t in topics})
         (root / "spool").mkdir()
         for f in staging.iterdir():
             f.rename(root / "spool" / f.name)

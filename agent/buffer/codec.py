@@ -118,6 +118,8 @@ def decode(topic: str, data: bytes) -> tuple[Record, int]:
 # Spool record flags (1 key, 2 partition key) -> buffer flags. A spool key without a partition
 # key is placed by librdkafka's key hash, as for every other spool record.
 _FROM_SPOOL_FLAGS = (0, HAS_KEY | HASH_KEY, HAS_PARTITION_KEY, HAS_KEY | HAS_PARTITION_KEY)
+# The bounds of a topic without any (encode_spool_block): no record is outside them.
+_UNBOUNDED = (2**63, -(2**63), 2**63)
 
 
 def encode_spool_block(
@@ -129,6 +131,7 @@ def encode_spool_block(
     topic_of: Callable[[bytes], str | None],
     *,
     by_topic: bool = False,
+    bounds: Mapping[str, tuple[int, int, int]] | None = None,
 ) -> list[tuple[str, list[bytes], int]] | None:
     """Buffer values for the records of one binary spool block body, without Record objects.
 
@@ -139,6 +142,13 @@ def encode_spool_block(
     gets ``now_ms``. With ``by_topic`` there is one run per topic instead, each holding the
     topic's records in block order (for a caller that takes the whole block at once: order
     within a topic is what the buffer keeps).
+
+    ``bounds`` gives topics ``(room, earliest, latest)``: the most bytes of key and value
+    together, and the oldest and newest timestamp (a timestamp of 0 or less is always within)
+    of a record the caller takes without a closer look (the intake's look at what a Kafka
+    topic can never take, agent/ingest/kafka_limits.py). A record outside its topic's bounds
+    makes the whole block declined (None), as a record with headers does: such records are
+    rare, and this way the common block costs three integer comparisons a record, not a call.
 
     Returns None, having decided nothing, for any block it does not handle in bulk: a record
     with headers, a record that breaks the format, a topic ``topic_of`` does not accept, a
@@ -160,8 +170,9 @@ def encode_spool_block(
     values: list[bytes] = []
     append = values.append
     generation = 0
-    # by_topic: raw topic -> (its run's list.append, generation)
-    seen: dict[bytes, tuple[Callable[[bytes], None], int]] = {}
+    room, earliest, latest = _UNBOUNDED
+    # by_topic: raw topic -> (its run's list.append, generation, and the topic's bounds)
+    seen: dict[bytes, tuple[Callable[[bytes], None], int, int, int, int]] = {}
     try:
         while pos < end:
             length, flags, tlen, hcount, pk, ts, klen, vlen = unpack(body, pos)
@@ -181,7 +192,7 @@ def encode_spool_block(
                 raw_topic = raw
                 known = seen.get(raw)
                 if known is not None:
-                    append, generation = known
+                    append, generation, room, earliest, latest = known
                 else:
                     topic = topic_of(raw)
                     if topic is None:
@@ -190,8 +201,12 @@ def encode_spool_block(
                     append = values.append
                     generation = generations.get(topic, 0)
                     runs.append((topic, values, generation))
+                    room, earliest, latest = (bounds.get(topic, _UNBOUNDED) if bounds
+                                              else _UNBOUNDED)
                     if by_topic:
-                        seen[raw] = (append, generation)
+                        seen[raw] = (append, generation, room, earliest, latest)
+            if klen + vlen > room or ts > latest or earliest > ts > 0:
+                return None
             if index >= skip:
                 # Key and value lie back to back in both layouts: one slice carries both.
                 append(pack(VERSION, flag_map[flags], generation, ts or now_ms, pk, klen, 0)

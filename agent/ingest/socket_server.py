@@ -21,7 +21,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent import reasons
-from agent.buffer import codec
 from agent.buffer.committer import Committer, Result, ShuttingDown
 from agent.buffer.generations import GENERATIONS_MAX_AGE
 from agent.buffer.store import EncodedGroup
@@ -31,7 +30,7 @@ from agent.ingest.gil import lower_switch_interval
 from agent.metrics import REGISTRY, Registry
 from agent.process.log_limit import LogLimit
 from agent.records import Source
-from agent.signals.limits import Limit, LimitsView, Snapshot
+from agent.signals.limits import LimitsView
 from agent.signals.limits import file_path as limits_file_path
 
 log = logging.getLogger(__name__)
@@ -180,7 +179,10 @@ class SocketServer:
                     if kafka_topics:
                         kafka_limit = kafka_topics.get(topic)
                         if kafka_limit is not None:
-                            _admit(topic, value, kafka_limit, snapshot, now_ms)
+                            refused = kafka_limits.stored_refusal(
+                                topic, kafka_limit, snapshot.compression, value, now_ms)
+                            if refused is not None:
+                                raise datagram.Reject(*refused)
                 except datagram.Reject as rej:
                     rejects[rej.reason] = rejects.get(rej.reason, 0) + 1
                     reg.sample("rejected", rej.reason, {"source": Source.SOCKET,
@@ -211,30 +213,6 @@ class SocketServer:
                     reg.inc("messages_rejected", len(group), source=Source.SOCKET,
                             reason=reasons.SHUTTING_DOWN)
                     return
-
-
-_HEADER = codec.HEADER
-_HEADER_SIZE = codec.HEADER.size
-
-
-def _admit(topic: str, value: bytes, limit: Limit, snapshot: Snapshot, now_ms: int
-           ) -> None:
-    """Raise ``datagram.Reject`` when the Kafka topic can never take this datagram (its
-    stored ``value``: the buffer's header, the key, the value): too large even compressed,
-    or a timestamp out of the topic's range."""
-    _, flags, _, ts, _, klen, _ = _HEADER.unpack_from(value)
-    key_len = klen if flags & codec.HAS_KEY else None
-    value_len = len(value) - _HEADER_SIZE - klen
-    if kafka_limits.may_be_too_large(limit, key_len, value_len):
-        start = _HEADER_SIZE + klen
-        why = kafka_limits.too_large(topic, limit, snapshot.compression,
-                                     value[_HEADER_SIZE:start] if key_len is not None else None,
-                                     value[start:])
-        if why is not None:
-            raise datagram.Reject(reasons.TOO_LARGE_FOR_TOPIC, why)
-    why = kafka_limits.bad_timestamp(topic, limit, ts, now_ms)
-    if why is not None:
-        raise datagram.Reject(reasons.TIMESTAMP_OUT_OF_RANGE, why)
 
 
 _refusals = LogLimit(log)

@@ -14,8 +14,11 @@ under a name already ingested is skipped if it holds the same records, ingested 
 prefix already ingested if it extends them, and ingested whole (counted, logged) if it differs.
 
 Files that break the format go to ``quarantine/`` with a ``.reason`` file beside them, before
-any of their records is ingested (``verify`` checks a whole file first). The watchdog observer
-wakes the intake thread on new files; a periodic scan catches what inotify misses.
+any of their records is ingested (``verify`` checks a whole file first). A record its Kafka
+topic can never take (the topic's limits as the forwarder learnt them) is left out, counted
+and logged, and the rest of its file ingested (``_Screen``): a valid file is not corrupt. The
+watchdog observer wakes the intake thread on new files; a periodic scan catches what inotify
+misses.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
@@ -44,10 +47,13 @@ from agent.buffer.codec import encode_spool_block
 from agent.buffer.committer import ShuttingDown
 from agent.buffer.store import BufferFull, BufferUnavailable, InvalidGroup
 from agent.buffer.weight import RECORD_OVERHEAD_BYTES
+from agent.ingest import kafka_limits
 from agent.ingest.runtime import Runtime
 from agent.ingest.spool_seen import Seen, decide, probe_for
 from agent.metrics import Registry
+from agent.process.log_limit import LogLimit
 from agent.records import Record, Source
+from agent.signals.limits import Snapshot
 from spool.format import EXTENSION, SpoolFormatError, SpoolRecord
 from spool.reader import (
     BinarySpoolReader,
@@ -119,6 +125,9 @@ class SpoolIntake:
         self._observer: Any = None
         self._thread = threading.Thread(target=self._run, name="spool-intake", daemon=True)
         self._pause = _Pause(self.registry)
+        # Records not stored because their Kafka topic never takes them: a log line a minute
+        # per topic and reason (each is counted and sampled).
+        self._refusals = LogLimit(log)
         # Binary files' batches commit on this thread while the intake thread encodes the
         # next one (the fsync releases the GIL).
         self._committing = ThreadPoolExecutor(1, thread_name_prefix="spool-commit")
@@ -336,10 +345,14 @@ class SpoolIntake:
             limit = self.runtime.config.buffer.max_bytes
             max_batch_bytes = max(64 * 1024, min(8 << 20, limit // 8))
             tracker = _Progress(key, ident, count, seen_key if remember else None, remember)
+            # What the Kafka topics can never take is not stored (counted, sampled, logged as
+            # the other sources do); the rest of the file is ingested as usual.
+            screen = _Screen(self.runtime.limits.current(), int(time.time() * 1000),
+                             root / name, self._refusals)
             if isinstance(reader, BinarySpoolReader):
-                if not self._ingest_blocks(reader, start, tracker, max_batch_bytes):
+                if not self._ingest_blocks(reader, start, tracker, max_batch_bytes, screen):
                     return False
-            elif not self._ingest_records(reader, start, tracker, max_batch_bytes):
+            elif not self._ingest_records(reader, start, tracker, max_batch_bytes, screen):
                 return False
             if (count == 0 or start >= count) and not self._commit([], tracker.puts(count)):
                 return False
@@ -394,22 +407,24 @@ class SpoolIntake:
                         path, seen.records, count)
 
     def _ingest_records(
-        self, reader: SpoolReader, start: int, progress: _Progress, max_batch_bytes: int
+        self, reader: SpoolReader, start: int, progress: _Progress, max_batch_bytes: int,
+        screen: _Screen,
     ) -> bool:
         """A hand-made file, as agent Records through the committer; False if interrupted."""
         records = reader.iter_records(start, verify_first=False)
-        in_flight: tuple[_Pending, list[Record], dict[bytes, bytes]] | None = None
+        in_flight: tuple[_Pending, list[Record], dict[bytes, bytes], list[_Refused]] | None
+        in_flight = None
         read_to = start
-        for batch, next_index in _batches(records, BATCH, max_batch_bytes):
+        for batch, next_index, refused in _batches(records, BATCH, max_batch_bytes, screen):
             puts = progress.puts(next_index)
             # Submit this batch only once the previous one is known to be stored, so a
             # refused batch can never be overtaken by a later one; reading this batch
             # overlapped with committing the previous one.
-            if in_flight is not None and not self._settle(*in_flight):
+            if in_flight is not None and not self._settle_counting(screen, *in_flight):
                 return False
-            in_flight = (self._submit(batch, puts), batch, puts)
+            in_flight = (self._submit(batch, puts), batch, puts, refused)
             read_to = next_index
-        if in_flight is not None and not self._settle(*in_flight):
+        if in_flight is not None and not self._settle_counting(screen, *in_flight):
             return False
         if read_to < progress.count:
             # Fewer lines than verify() counted: the file was rewritten in place meanwhile
@@ -419,38 +434,47 @@ class SpoolIntake:
         return True
 
     def _ingest_blocks(
-        self, reader: BinarySpoolReader, start: int, progress: _Progress, max_batch_bytes: int
+        self, reader: BinarySpoolReader, start: int, progress: _Progress, max_batch_bytes: int,
+        screen: _Screen,
     ) -> bool:
         """A binary file, the bulk way: blocks are encoded straight into buffer values
         (codec.encode_spool_block), without a Record per message, and each batch goes to the
         store in one transaction with the file's progress. The next batch is encoded while
         the previous one commits on the commit thread. False if interrupted (what was
         committed stays committed, with its progress)."""
-        batches = _bulk_batches(reader, start, self.store.generations(),
-                                int(time.time() * 1000), max_batch_bytes)
-        in_flight: tuple[Future[BaseException | None], list[_Run], dict[bytes, bytes]] | None
+        batches = _bulk_batches(reader, start, self.store.generations(), max_batch_bytes,
+                                screen)
+        in_flight: tuple[Future[BaseException | None], list[_Run], dict[bytes, bytes],
+                         list[_Refused]] | None
         in_flight = None
         try:
-            for runs, next_index in batches:
+            for runs, next_index, refused in batches:
                 # As for hand-made files: a batch is handed over only once the previous one
                 # is stored, so a refused batch is never overtaken by a later one.
                 if in_flight is not None:
                     pending, in_flight = in_flight, None
-                    if not self._settle_bulk(*pending):
+                    if not self._settle_bulk(*pending[:3]):
                         return False
+                    screen.count(self.registry, pending[3])
                 if self._stop.is_set():
                     return False  # the file resumes from its committed progress next time
                 puts = progress.puts(next_index)
-                in_flight = (self._committing.submit(self._store_runs, runs, puts), runs, puts)
+                in_flight = (self._committing.submit(self._store_runs, runs, puts), runs, puts,
+                             refused)
             if in_flight is not None:
                 pending, in_flight = in_flight, None
-                return self._settle_bulk(*pending)
+                if not self._settle_bulk(*pending[:3]):
+                    return False
+                screen.count(self.registry, pending[3])
             return True
         finally:
             if in_flight is not None:
                 # Leaving on an error (a malformed block): let the batch in flight finish
-                # before the caller quarantines the file or forgets its progress.
-                in_flight[0].exception()
+                # before the caller quarantines the file or forgets its progress. If it was
+                # stored, so was its progress past its records not stored: count them.
+                stored = in_flight[0]
+                if stored.exception() is None and stored.result() is None:
+                    screen.count(self.registry, in_flight[3])
 
     def _store_runs(self, runs: list[_Run], puts: dict[bytes, bytes]) -> BaseException | None:
         """One batch and its progress in one durable transaction; None once stored, or why
@@ -504,6 +528,16 @@ class SpoolIntake:
         pending = _Pending()
         self.committer.submit(batch, Source.SPOOL, pending.done, state_puts=puts)
         return pending
+
+    def _settle_counting(self, screen: _Screen, pending: _Pending, batch: list[Record],
+                         puts: dict[bytes, bytes], refused: list[_Refused]) -> bool:
+        """``_settle``, then count the records of the batch's stretch of the file that were
+        not stored: only once the progress past them is committed, so a batch tried again
+        (a full buffer) or a file resumed later counts each of them once."""
+        if not self._settle(pending, batch, puts):
+            return False
+        screen.count(self.registry, refused)
+        return True
 
     def _settle(self, pending: _Pending, batch: list[Record], puts: dict[bytes, bytes]) -> bool:
         """Wait for a submitted batch; if it was refused, commit it again until it is in."""
@@ -721,36 +755,56 @@ class _Pending:
 
 
 def _batches(
-    records: Iterator[tuple[int, SpoolRecord]], size: int, max_bytes: int
-) -> Iterator[tuple[list[Record], int]]:
-    """Groups of agent Records, each with the index of the record after it."""
-    now_ms = int(time.time() * 1000)
+    records: Iterator[tuple[int, SpoolRecord]], size: int, max_bytes: int, screen: _Screen
+) -> Iterator[tuple[list[Record], int, list[_Refused]]]:
+    """Groups of agent Records, each with the index of the record after it and the records
+    before that index that are not stored (``screen``: their Kafka topic never takes them).
+    A group may be empty: its progress still passes the records left out."""
+    now_ms = screen.now_ms
+    limited = bool(screen.limits)
     batch: list[Record] = []
+    refused: list[_Refused] = []
     weight = 0
     last = -1
     for last, r in records:
+        if limited:
+            unfit = screen.refusal(last, r)
+            if unfit is not None:
+                refused.append(unfit)
+                continue
         key = r.key
         batch.append(Record(r.topic, r.value, key, r.partition_key, r.timestamp_ms or now_ms,
                             r.headers, key is not None and r.partition_key is None))
         weight += len(r.value) + _WEIGHT
         if len(batch) >= size or weight >= max_bytes:
-            yield batch, last + 1
-            batch = []
+            yield batch, last + 1, refused
+            batch, refused = [], []
             weight = 0
-    if batch:
-        yield batch, last + 1
+    if batch or refused:
+        yield batch, last + 1, refused
 
 
 def _bulk_batches(
     reader: BinarySpoolReader,
     start: int,
     generations: Mapping[str, int],
-    now_ms: int,
     max_bytes: int,
-) -> Iterator[tuple[list[_Run], int]]:
+    screen: _Screen,
+) -> Iterator[tuple[list[_Run], int, list[_Refused]]]:
     """Batches of encoded runs from index ``start`` on, each with the index of the record
-    after it; cut at BATCH messages or once they weigh ``max_bytes``, as ``_batches`` does."""
+    after it and the records before that index that are not stored (``screen``); cut at
+    BATCH messages or once they weigh ``max_bytes``, as ``_batches`` does.
+
+    What a Kafka topic can never take costs a block without such records three integer
+    comparisons a record: the bulk encoder compares each record with its topic's
+    ``kafka_limits.Bounds`` as it reads its lengths and timestamp anyway, and declines a block
+    with a record outside them. Only such a block (rare: a record near or over its topic's
+    max.message.bytes, or stamped near or out of its range) is decoded, as a block with
+    headers is, and each of its records judged in full (``_Screen.refusal``)."""
+    now_ms = screen.now_ms
+    bounds = screen.bounds or None
     runs: list[_Run] = []
+    refused: list[_Refused] = []
     n = 0
     weight = 0
     next_index = start
@@ -762,20 +816,25 @@ def _bulk_batches(
         # (a file whose records alternate between topics would otherwise make a run of one
         # message each), since the batch commits whole and each topic keeps its order.
         whole = n + count < BATCH and weight + len(block.body) + _WEIGHT * count < max_bytes
+        first = block.first + skip
         encoded = encode_spool_block(block.body, block.record_count, skip, generations, now_ms,
-                                     reader.topic_of, by_topic=whole)
+                                     reader.topic_of, by_topic=whole, bounds=bounds)
         if encoded is None:
-            # Headers, or something the bulk encoder does not take: the reader decodes the
-            # block (raising SpoolFormatError if it is malformed) and codec encodes it.
-            encoded = _encode_records(reader.decode_block(block, start), generations, now_ms)
-        next_index = block.first + skip
+            # Headers, a record its Kafka topic may never take, or something the bulk encoder
+            # does not take: the reader decodes the block (raising SpoolFormatError if it is
+            # malformed), the records the topics take are encoded by codec.
+            placed = _screened_runs(reader.decode_block(block, start), first, screen,
+                                    generations, refused)
+        else:
+            placed = _placed(encoded, first)
         if whole:
-            runs += encoded
+            stored = [run for run, _ in placed]
+            runs += stored
             n += count
-            weight += sum(sum(map(len, values)) for _, values, _ in encoded) + _WEIGHT * count
-            next_index += count
+            weight += sum(sum(map(len, values)) for _, values, _ in stored) + _WEIGHT * count
+            next_index = block.first + block.record_count
             continue
-        for topic, values, generation in encoded:
+        for (topic, values, generation), run_first in placed:
             i = 0
             while i < len(values):
                 room = BATCH - n
@@ -791,12 +850,120 @@ def _bulk_batches(
                 n += len(take)
                 weight += w
                 i += len(take)
-                next_index += len(take)
+                next_index = run_first + i
                 if n >= BATCH or weight >= max_bytes:
-                    yield runs, next_index
+                    yield runs, next_index, _due(refused, next_index)
                     runs, n, weight = [], 0, 0
-    if runs:
-        yield runs, next_index
+        # Records of the block not stored, after its last run, are read all the same.
+        next_index = block.first + block.record_count
+    if runs or refused:
+        yield runs, next_index, refused
+
+
+def _placed(runs: list[_Run], first: int) -> list[tuple[_Run, int]]:
+    """Consecutive runs, each with the file index of its first record (``first``: the
+    first run's)."""
+    placed = []
+    for run in runs:
+        placed.append((run, first))
+        first += len(run[1])
+    return placed
+
+
+def _screened_runs(
+    records: list[SpoolRecord], first: int, screen: _Screen, generations: Mapping[str, int],
+    refused: list[_Refused],
+) -> list[tuple[_Run, int]]:
+    """The encoded runs of the ``records`` (from file index ``first`` on) their Kafka topics
+    take, each with its first record's file index; the others are added to ``refused``."""
+    if not screen.limits:
+        return _placed(_encode_records(records, generations, screen.now_ms), first)
+    placed: list[tuple[_Run, int]] = []
+    kept: list[SpoolRecord] = []
+    kept_first = first
+    for index, r in enumerate(records, first):
+        unfit = screen.refusal(index, r)
+        if unfit is None:
+            if not kept:
+                kept_first = index
+            kept.append(r)
+            continue
+        refused.append(unfit)
+        if kept:
+            placed += _placed(_encode_records(kept, generations, screen.now_ms), kept_first)
+            kept = []
+    if kept:
+        placed += _placed(_encode_records(kept, generations, screen.now_ms), kept_first)
+    return placed
+
+
+def _due(refused: list[_Refused], next_index: int) -> list[_Refused]:
+    """Take out of ``refused`` (in file order) those before ``next_index``."""
+    if not refused or refused[0].record >= next_index:
+        return []
+    cut = bisect.bisect_left([r.record for r in refused], next_index)
+    due = refused[:cut]
+    del refused[:cut]
+    return due
+
+
+class _Refused(NamedTuple):
+    """A record of a spool file not stored: its Kafka topic can never take it."""
+
+    record: int  # its index in the file
+    topic: str
+    reason: str  # agent/reasons.py: too_large_for_topic, timestamp_out_of_range
+    detail: str
+
+
+class _Screen:
+    """What the records of one file are judged by: the Kafka topics' limits as the forwarder
+    last published them (agent/signals/limits.py) when the file's intake began, this host's
+    clock then, and the file's name for the log. A topic whose limits are not known takes
+    everything."""
+
+    def __init__(self, snapshot: Snapshot, now_ms: int, path: Path, said: LogLimit) -> None:
+        self.limits = snapshot.topics
+        self.compression = snapshot.compression
+        self.now_ms = now_ms
+        self.path = path
+        self.said = said
+        self.bounds = {topic: kafka_limits.bounds(limit, now_ms)
+                       for topic, limit in self.limits.items()}
+
+    def refusal(self, index: int, r: SpoolRecord) -> _Refused | None:
+        """Why record ``index`` is not stored, or None. The record's timestamp is the one
+        Kafka will judge: the file's own for a binary record (0: none, stamped at intake,
+        never refused), the line's or else the file's mtime for a hand-made file."""
+        limit = self.limits.get(r.topic)
+        if limit is None:
+            return None
+        room, earliest, latest = self.bounds[r.topic]
+        ts, key = r.timestamp_ms, r.key
+        if earliest <= ts <= latest or ts <= 0:
+            # The common verdict without a call (no headers), or with the size arithmetic
+            # alone (headers): only what may not fit is judged in full (compression).
+            if not r.headers:
+                if len(r.value) + (len(key) if key is not None else 0) <= room:
+                    return None
+            elif not kafka_limits.may_be_too_large(limit, None if key is None else len(key),
+                                                   len(r.value), r.headers):
+                return None
+        found = kafka_limits.refusal(r.topic, limit, self.compression, r.key, r.value,
+                                     r.timestamp_ms, self.now_ms, r.headers)
+        return None if found is None else _Refused(index, r.topic, *found)
+
+    def count(self, registry: Registry, refused: list[_Refused]) -> None:
+        """Count, sample and log (a line a minute per topic and reason, with the count of
+        the lines left out) records not stored, once their batch is."""
+        for no in refused:
+            registry.inc("messages_rejected", source=Source.SPOOL, reason=no.reason)
+            registry.sample("rejected", no.reason, {"source": Source.SPOOL,
+                                                    "file": str(self.path), "record": no.record,
+                                                    "topic": no.topic, "detail": no.detail})
+            self.said.warning(f"{no.reason} {no.topic}",
+                              "spool file %s: record %d to topic %r not stored (%s): %s",
+                              self.path, no.record, no.topic, no.reason, no.detail)
 
 
 def _claimed_files(root: Path) -> list[Path]:

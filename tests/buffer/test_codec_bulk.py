@@ -129,6 +129,34 @@ def test_a_topic_the_caller_refuses_is_left_to_the_reader(tmp_path: Path) -> Non
     assert file_with_body(block.body, 1)  # the same body is a valid file otherwise
 
 
+@pytest.mark.parametrize(("record", "taken"), [
+    (SpoolRecord("t", b"v" * 100, key=b"k" * 20, timestamp_ms=NOW), True),  # at the room
+    (SpoolRecord("t", b"v" * 101, key=b"k" * 20, timestamp_ms=NOW), False),
+    (SpoolRecord("t", b"v", timestamp_ms=NOW - 1000), True),  # at the earliest
+    (SpoolRecord("t", b"v", timestamp_ms=NOW - 1001), False),
+    (SpoolRecord("t", b"v", timestamp_ms=NOW + 1000), True),  # at the latest
+    (SpoolRecord("t", b"v", timestamp_ms=NOW + 1001), False),
+    (SpoolRecord("t", b"v", timestamp_ms=0), True),  # no timestamp: stamped at intake
+    (SpoolRecord("t", b"v", timestamp_ms=-7), True),
+    (SpoolRecord("other", b"v" * 500, timestamp_ms=NOW + 10**9), True),  # no bounds
+])
+def test_a_record_outside_its_topic_s_bounds_leaves_its_block_to_the_reader(
+    tmp_path: Path, record: SpoolRecord, taken: bool
+) -> None:
+    # The intake's first look at what a Kafka topic can never take (kafka_limits.Bounds).
+    records = [SpoolRecord("t", b"fine", timestamp_ms=NOW), record, SpoolRecord("t", b"end")]
+    (block,) = blocks_of(tmp_path / "f.ferry", records, 1 << 20)
+    bounds = {"t": (120, NOW - 1000, NOW + 1000)}
+    for by_topic in (False, True):
+        runs = codec.encode_spool_block(block.body, 3, 0, {}, NOW,
+                                        BinarySpoolReader("x").topic_of, by_topic=by_topic,
+                                        bounds=bounds)
+        assert (runs is not None) == taken
+        if runs is not None:
+            assert sorted(v for _, values, _ in runs for v in values) == sorted(
+                expected(r, 0) for r in records)
+
+
 @given(value=st.binary(max_size=50), key=st.none() | st.binary(max_size=10),
        old=st.integers(0, 2**32 - 1), new=st.integers(0, 2**32 - 1))
 def test_with_generation_equals_encoding_under_the_other_generation(

@@ -14,6 +14,10 @@ from typing import Any
 
 import pytest
 
+from agent.buffer import codec
+from agent.ingest import kafka_limits
+from agent.record_batch import SKEW_MS, batch_of_one, impossible_timestamp
+from agent.records import Record
 from agent.signals.limits import Limit, LimitsPublisher, file_path
 from ferry_client.wire import encode_any_partition
 from tests.http.harness import Served, make_config, start
@@ -128,3 +132,41 @@ def test_datagrams_the_topic_can_never_take_are_counted_and_the_rest_stored(
         v for t, v, _, ok in sent if ok and t == "small"]
     samples = limited.registry.view().samples
     assert any("max.message.bytes=10000" in str(s) for s in samples.values()), samples
+
+
+@pytest.mark.parametrize("max_bytes", [200, 10_000, 1_048_588, 64 << 20])
+def test_a_record_within_its_topic_s_bounds_is_one_the_topic_takes(max_bytes: int) -> None:
+    # Bounds stand in for refusal() on the spool's hot path: nothing they let through may be
+    # a record refusal() would refuse, whatever the key's share and the timestamp.
+    now = 1_700_000_000_000
+    limit = Limit(max_bytes, 3_600_000, 60_000)
+    room, earliest, latest = kafka_limits.bounds(limit, now)
+    for key_len in (None, 0, 1, 63, 64, 8191, 8192, room // 2, room):
+        value_len = room - (key_len or 0)
+        assert batch_of_one(key_len, value_len) <= max_bytes, (key_len, value_len)
+    assert room > max_bytes - 100  # and they leave out little
+    assert impossible_timestamp(earliest, now, limit.before_max_ms, limit.after_max_ms) is None
+    assert impossible_timestamp(latest, now, limit.before_max_ms, limit.after_max_ms) is None
+    assert impossible_timestamp(earliest - 1, now, limit.before_max_ms, limit.after_max_ms)
+    assert impossible_timestamp(latest + 1, now, limit.before_max_ms, limit.after_max_ms)
+    assert latest == now + 60_000 + SKEW_MS
+    unlimited = kafka_limits.bounds(Limit(max_bytes), now)
+    assert (unlimited.earliest, unlimited.latest) == (-(2**63), 2**63 - 1)
+
+
+def test_a_stored_message_gets_the_verdict_of_its_fields() -> None:
+    # stored_refusal (a datagram's, as the buffer stores it) and refusal (the fields) agree.
+    now = int(time.time() * 1000)
+    limit = Limit(LIMIT, None, MINUTE)
+    cases = [(None, b"x" * 9_928, now, ()), (None, b"x" * 9_929, now, ()),
+             (b"kk", b"x" * 9_926, now, ()), (b"kk", b"x" * 9_927, now, ()),
+             (None, b"v", now + 3_600_000, ()), (None, b"v", 0, ()),
+             (b"k", b"v" * 9_000, now, (("h", b"w" * 1_000),))]
+    verdicts = []
+    for key, value, ts, headers in cases:
+        stored = codec.encode(Record("small", value, key, None, ts, headers), 0)
+        verdict = kafka_limits.refusal("small", limit, "none", key, value, ts, now, headers)
+        assert kafka_limits.stored_refusal("small", limit, "none", stored, now) == verdict
+        verdicts.append(None if verdict is None else verdict[0])
+    assert verdicts == [None, "too_large_for_topic", None, "too_large_for_topic",
+                        "timestamp_out_of_range", None, "too_large_for_topic"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import itertools
 import json
+import logging
 import os
 import struct
 import threading
@@ -23,6 +24,8 @@ from agent.daemon.agent import Agent
 from agent.ingest.runtime import Runtime
 from agent.ingest.spool_intake import SpoolIntake
 from agent.metrics import Registry
+from agent.signals.limits import Limit, LimitsPublisher
+from agent.signals.limits import file_path as limits_file_path
 from spool.format import (
     BLOCK_HEADER,
     FILE_HEADER,
@@ -829,6 +832,211 @@ def test_failures_of_files_that_are_gone_are_forgotten(
         failed = intake.registry.view().total("spool_files_failed", reason="unremovable")
         assert failed == n + 2
         assert stays.exists() and again.exists()
+
+
+# -- what a Kafka topic can never take -----------------------------------------------------
+# The forwarder publishes each topic's limits (agent/signals/limits.py); written here before
+# the first scan, as the forwarder would. "small" takes batches of at most LIMIT bytes and
+# timestamps at most a minute ahead; "other" has no limits known, and takes everything.
+LIMIT = 10_000
+FITS = 9_928  # with compression "none": exactly LIMIT bytes as a batch of one (61 + 11)
+HOUR = 3_600_000
+
+
+def _limits(intake: SpoolIntake, compression: str = "none") -> None:
+    LimitsPublisher(limits_file_path(intake.runtime.config.buffer.path), compression).publish(
+        {"small": Limit(LIMIT, None, 60_000)})
+
+
+def _refused(intake: SpoolIntake, reason: str) -> float:
+    return intake.registry.view().total("messages_rejected", source="spool", reason=reason)
+
+
+def test_hand_made_records_a_topic_can_never_take_are_counted_and_the_rest_stored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = int(time.time() * 1000)
+    lines = [
+        ({"value": "first"}, True),
+        ({"value": "x" * FITS}, True),  # at the limit: never refused
+        ({"value": "y" * (FITS + 1)}, False),  # one byte over
+        ({"value": "z" * 2000, "headers": {"h": "v" * 9000}}, False),  # its header counts
+        ({"value": "future", "timestamp": now + 2 * HOUR}, False),  # the topic takes 60 s
+        ({"value": "past", "timestamp": now - 2 * HOUR}, True),  # no before.max.ms
+        ({"value": "no time", "timestamp": 0}, True),  # stamped at intake
+        ({"value": "last"}, True),
+    ]
+    with intake_only(tmp_path) as intake:
+        _limits(intake)
+        path = _hand_made(intake, "small", "mixed.jsonl",
+                          "".join(json.dumps(doc) + "\n" for doc, _ in lines))
+        other = _hand_made(intake, "other", "big.txt", "o" * 20_000 + "\n")  # no limits
+        with caplog.at_level(logging.WARNING, logger="agent.ingest.spool_intake"):
+            assert intake.scan_once() == 2
+        assert not path.exists() and not other.exists()
+        assert not (intake.dirs[0] / "quarantine").exists()
+        assert [m.record.value for m in buffered(intake.store, "small")] == [
+            doc["value"].encode() for doc, ok in lines if ok]
+        assert [len(m.record.value) for m in buffered(intake.store, "other")] == [20_000]
+        assert _refused(intake, "too_large_for_topic") == 2
+        assert _refused(intake, "timestamp_out_of_range") == 1
+        view = intake.registry.view()
+        assert view.total("spool_files_ingested") == 2
+        assert view.total("spool_files_quarantined") == 0
+        (sample, *_) = view.samples[("rejected", "too_large_for_topic")]
+        assert sample["source"] == "spool" and sample["topic"] == "small"
+        assert sample["file"].endswith("mixed.jsonl") and sample["record"] == 2
+        assert "max.message.bytes=10000" in sample["detail"]
+        logged = [r.getMessage() for r in caplog.records if "not stored" in r.getMessage()]
+        assert any("mixed.jsonl" in m and "'small'" in m and "timestamp_out_of_range" in m
+                   for m in logged), logged
+
+
+def _bulk_records(now: int) -> list[tuple[SpoolRecord, bool]]:
+    """Records for a binary file, each with whether it is stored: refused ones in the middle
+    of blocks, in blocks the bulk encoder takes and in blocks it declines (headers)."""
+    out: list[tuple[SpoolRecord, bool]] = []
+    for i in range(40):
+        out.append((SpoolRecord("small", b"s-%d" % i, timestamp_ms=now), True))
+        out.append((SpoolRecord("other", b"o-%d" % i), True))
+        if i == 5:
+            out.append((SpoolRecord("small", b"x" * FITS), True))  # at the limit
+            out.append((SpoolRecord("small", b"y" * (FITS + 1)), False))
+            out.append((SpoolRecord("other", b"o" * 20_000), True))  # no limits
+        if i == 11:
+            out.append((SpoolRecord("small", b"k" * (FITS - 1), key=b"kk"), False))
+        if i == 17:
+            out.append((SpoolRecord("small", b"future", timestamp_ms=now + 2 * HOUR), False))
+            out.append((SpoolRecord("other", b"future", timestamp_ms=now + 2 * HOUR), True))
+            out.append((SpoolRecord("small", b"old", timestamp_ms=now - 2 * HOUR), True))
+        if i == 23:
+            out.append((SpoolRecord("small", b"h" * 9_000, headers=(("h", b"v" * 1000),)),
+                        False))
+            out.append((SpoolRecord("small", b"with a header", headers=(("h", b"v"),)),
+                        True))
+    return out
+
+
+@pytest.mark.parametrize("block_bytes", [1 << 20, 30_000, 300])
+def test_binary_records_a_topic_can_never_take_are_counted_and_the_rest_stored(
+    tmp_path: Path, block_bytes: int
+) -> None:
+    now = int(time.time() * 1000)
+    records = _bulk_records(now)
+    with intake_only(tmp_path) as intake:
+        _limits(intake)
+        path = place(intake, "mixed.ferry", [r for r, _ in records], block_bytes=block_bytes)
+        assert intake.scan_once() == 1
+        assert not path.exists() and not (intake.dirs[0] / "quarantine").exists()
+        for topic in ("small", "other"):
+            assert [m.record.value for m in buffered(intake.store, topic)] == [
+                r.value for r, ok in records if ok and r.topic == topic]
+        assert _refused(intake, "too_large_for_topic") == 3
+        assert _refused(intake, "timestamp_out_of_range") == 1
+        view = intake.registry.view()
+        assert view.total("messages_accepted", source="spool") == sum(
+            ok for _, ok in records)
+        assert view.total("spool_files_ingested") == 1
+        # Finished as a whole file: its progress done, its content remembered.
+        assert intake.store.state_items(b"spool:") == []
+        assert len(intake.store.state_items(b"spool-seen:")) == 1
+        samples = view.samples[("rejected", "timestamp_out_of_range")]
+        assert [(s["file"].endswith("mixed.ferry"), s["topic"]) for s in samples] == [
+            (True, "small")]
+
+
+def test_refused_binary_records_across_batch_cuts_keep_the_progress_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Alternating topics, byte-capped batches: blocks are cut between batches, and refused
+    # records fall before, inside and after the cuts; the file's last records are refused.
+    # Every 37th record is over the limit: refused on "small", stored on "other".
+    records = [(SpoolRecord("small" if i % 2 else "other",
+                            b"%04d" % i + b"r" * (LIMIT + 500 if i % 37 == 1 else 996)),
+                not (i % 37 == 1 and i % 2)) for i in range(1500)]
+    records += [(SpoolRecord("small", b"z" * LIMIT), False) for _ in range(3)]
+    docs: list[dict[str, Any]] = []
+    with intake_only(tmp_path, max_bytes=4 * MB) as intake:
+        _limits(intake, "lz4")
+        store = intake.store
+        real = store.append_encoded
+
+        def spy(runs: Any, **kw: Any) -> int:
+            docs.append(json.loads(kw["state_puts"][b"spool:0:cut.ferry"]))
+            return real(runs, **kw)
+
+        monkeypatch.setattr(store, "append_encoded", spy)
+        # Incompressible: lz4 cannot bring the refused ones under the limit either.
+        records = [(r._replace(value=r.value[:4] + os.urandom(len(r.value) - 4)), ok)
+                   for r, ok in records]
+        place(intake, "cut.ferry", [r for r, _ in records], block_bytes=100_000)
+        assert intake.scan_once() == 1
+        for topic in ("small", "other"):
+            assert [m.record.value for m in buffered(store, topic)] == [
+                r.value for r, ok in records if ok and r.topic == topic]
+        assert _refused(intake, "too_large_for_topic") == sum(not ok for _, ok in records)
+    nexts = [doc["next"] for doc in docs]
+    assert len(docs) > 3 and nexts == sorted(set(nexts))
+    assert nexts[-1] == len(records) and docs[-1]["done"]
+
+
+@pytest.mark.parametrize("kind", ["ferry", "txt"])
+def test_a_file_whose_every_record_is_refused_is_finished_not_quarantined(
+    tmp_path: Path, kind: str
+) -> None:
+    with intake_only(tmp_path) as intake:
+        _limits(intake)
+        if kind == "ferry":
+            path = place(intake, "all.ferry", [SpoolRecord("small", b"a" * 12_000)] * 2,
+                         block_bytes=1 << 20)
+        else:
+            path = _hand_made(intake, "small", "all.txt", ("a" * 12_000 + "\n") * 2)
+        assert intake.scan_once() == 1
+        assert not path.exists() and not (intake.dirs[0] / "quarantine").exists()
+        assert intake.store.topic_stats() == []
+        assert _refused(intake, "too_large_for_topic") == 2
+        assert intake.store.state_items(b"spool:") == []
+        assert len(intake.store.state_items(b"spool-seen:")) == (kind == "ferry")
+        # The same name again (a retried task) is known: nothing counted a second time.
+        if kind == "ferry":
+            place(intake, "all.ferry", [SpoolRecord("small", b"a" * 12_000)] * 2,
+                  block_bytes=1 << 20)
+            assert intake.scan_once() == 1
+            assert _refused(intake, "too_large_for_topic") == 2
+
+
+def test_a_resumed_file_counts_each_refused_record_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 50,000 records in blocks of more than a batch: three batches; the intake stops after
+    # the first, a new one finishes. The last record is refused too.
+    records = [SpoolRecord("small", b"y" * 11_000 if i % 5000 == 7 or i == 49_999
+                           else b"s-%d" % i) for i in range(50_000)]
+    with intake_only(tmp_path, max_bytes=512 * MB) as intake:
+        _limits(intake)
+        store = intake.store
+        real = store.append_encoded
+
+        def stop_after_first_batch(runs: Any, **kw: Any) -> int:
+            stored = real(runs, **kw)
+            intake._stop.set()  # noqa: SLF001 - what stop() does, without joining threads
+            return stored
+
+        monkeypatch.setattr(store, "append_encoded", stop_after_first_batch)
+        place(intake, "long.ferry", records, block_bytes=1 << 20)
+        assert intake.scan_once() == 0
+        first = _refused(intake, "too_large_for_topic")
+        assert 0 < first < 11
+        monkeypatch.setattr(store, "append_encoded", real)
+        again = SpoolIntake(intake.runtime)
+        try:
+            assert again.scan_once() == 1
+        finally:
+            again.stop()
+        assert _refused(intake, "too_large_for_topic") == 11
+        assert [m.record.value for m in buffered(store, "small")] == [
+            r.value for r in records if len(r.value) < LIMIT]
+        assert len(store.state_items(b"spool-seen:")) == 1  # its progress reached "done"
 
 
 # -- a file replaced while the agent ingests it ----------------------------------------------
