@@ -1,28 +1,32 @@
 """What the rooms of the forwarder's loop share: its state, and the steps each room offers
 the others.
 
-The loop (forwarder.py) is one class made of rooms, one file each:
+The loop (forwarder.py) is made of rooms, one file each. Most are still mixins of one class
+(the ``Forwarder`` is made of them, each is made of ``LoopState``); a room that keeps state
+no other room touches is an object of its own instead, which the ``Forwarder`` makes and
+holds as an attribute (``.leaving``), and the other rooms call its public methods:
 
-| room | file | what it does |
-| --- | --- | --- |
-| ``Reading`` | reading.py | reads each topic's buffer in order, checks what must not be sent |
-| ``Routing`` | routing.py | chooses the cluster: local, or the remote one for fallback topics |
-| ``Sending`` | send.py | builds and produces messages (the plain-message fast path) |
-| ``Reports`` | reports.py | delivery reports: acknowledged messages, failed sends |
-| ``Retries`` | retries.py | what a failed send becomes: a retry, the other cluster, a discard |
-| ``StuckTopics`` | stuck_topics.py | topics that cannot deliver, shown until they do |
-| ``Leaving`` | leaving.py | discards, and the batched durable delete of what left |
-| ``ClusterWatch`` | cluster_watch.py | each cluster's state, fed with its sends; the gauges |
+| room | file | is | what it does |
+| --- | --- | --- | --- |
+| ``Reading`` | reading.py | mixin | reads each topic's buffer in order, checks what must not go |
+| ``Routing`` | routing.py | mixin | chooses the cluster: local, or remote for fallback topics |
+| ``Sending`` | send.py | mixin | builds and produces messages (the plain-message fast path) |
+| ``Reports`` | reports.py | mixin | delivery reports: acknowledged messages, failed sends |
+| ``Retries`` | retries.py | mixin | a failed send: a retry, the other cluster, a discard |
+| ``StuckTopics`` | stuck_topics.py | mixin | topics that cannot deliver, shown until they do |
+| ``Leaving`` | leaving.py | ``.leaving`` | discards, and the batched durable delete of what left |
+| ``ClusterWatch`` | cluster_watch.py | mixin | each cluster's state, fed its sends; the gauges |
 
-They are one class, not objects passing messages, because one thread runs them all on every
-2 ms step and they share one in-flight table: a room reads and writes the state declared
-here directly (no locks, no copies), and calls another room's step through the abstract
-methods below, which list every way the rooms depend on each other.
+The mixins share one in-flight table on one thread, every 2 ms step: a mixin reads and
+writes the state declared here directly (no locks, no copies), and calls another mixin's
+step through the abstract methods below, which list every way the mixins depend on each
+other. What a room object shares with the rest of the loop is named in one
+place, ``Shared`` (shared.py), and handed to it when it is made; it reaches into no other
+room's fields, nor they into its.
 """
 
 from __future__ import annotations
 
-import logging
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
@@ -30,23 +34,21 @@ from typing import Any, TypeGuard
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from agent.buffer.store import Corrupt, Outcome, Store, StoredMessage
+from agent.buffer.store import Corrupt, Store, StoredMessage
 from agent.config import FerryConfig, TopicConfig
 from agent.forwarder.clusters import Cluster
-from agent.forwarder.discard_log import Discard, DiscardLog
+from agent.forwarder.discard_log import DiscardLog
 from agent.forwarder.flight import Flight, Report
-from agent.forwarder.leaving_batch import LeavingBatch
+from agent.forwarder.leaving import Leaving
 from agent.forwarder.partitioner import TopicLayout
+from agent.forwarder.shared import Shared
+from agent.forwarder.shared import log as log
 from agent.forwarder.topic_state import TopicState
 from agent.forwarder.transactions import ExactlyOnce
-from agent.forwarder.trouble import Trouble
 from agent.metrics import Registry
 from agent.process.log_limit import LogLimit
 from agent.signals.ack import AckSender
 from agent.signals.commit import CommitListener
-
-# The forwarder's one logger, under the name it always had: log settings and alerts name it.
-log = logging.getLogger("agent.forwarder.forwarder")
 
 
 class LoopState(ABC):
@@ -61,15 +63,17 @@ class LoopState(ABC):
     per_topic_cap: int
     backoff_initial: float
     backoff_max: float
+    # What the rooms made objects share with the loop, and those rooms.
+    shared: Shared
+    leaving: Leaving
     _ack_signal: AckSender
     _commits: CommitListener | None
-    _topics: dict[str, TopicState]
+    _topics: dict[str, TopicState]  # shared.topics
     _in_flight: int
     # One list for the forwarder's life: every local Flight in flight holds it as its sink.
     _reports: list[Report]
     _retry_topics: set[str]
     _speculative: deque[tuple[float, Flight]]
-    _leaving: LeavingBatch
     _generations: dict[str, int]
     _next_topic_scan: float
     _present: set[str]  # topics with buffered messages, as last scanned
@@ -78,9 +82,6 @@ class LoopState(ABC):
     _retrying: int  # messages the local cluster failed, waiting for a retry to it
     _next_parked: float
     _replaced: dict[tuple[str, str], float]
-    _delete_trouble: Trouble
-    _log_trouble: Trouble
-    _log_retry_at: float
     # Cluster state changes and stuck topics can repeat for hours: a line a minute each.
     _limited: LogLimit
 
@@ -158,22 +159,6 @@ class LoopState(ABC):
 
     @abstractmethod
     def _waiting_for_layout(self, topic: str, st: TopicState, now: float) -> None:
-        ...
-
-    @abstractmethod
-    def _discard(self, f: Flight, reason: str, detail: str, in_flight: bool = False) -> None:
-        ...
-
-    @abstractmethod
-    def _discard_corrupt(self, m: Corrupt) -> None:
-        ...
-
-    @abstractmethod
-    def _leave(self, f: Flight | None, outcome: Outcome, discard: Discard) -> None:
-        ...
-
-    @abstractmethod
-    def _flush_leaving(self) -> None:
         ...
 
     @abstractmethod
