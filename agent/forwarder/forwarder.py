@@ -35,7 +35,6 @@ from agent.forwarder.stuck_topics import StuckTopics
 from agent.forwarder.topic_limits import TopicLimits
 from agent.forwarder.transactions import ExactlyOnce
 from agent.metrics import REGISTRY, Registry
-from agent.process.log_limit import LogLimit
 from agent.signals.ack import AckSender
 from agent.signals.ack import socket_path as ack_socket_path
 from agent.signals.commit import listen as listen_for_commits
@@ -57,7 +56,7 @@ QUIET_WAIT = 0.05
 START_JITTER_POLL = 0.1
 
 
-class Forwarder(Reading, Routing, Sending, Reports, Retries, StuckTopics, ClusterWatch):
+class Forwarder(Reading, Routing, Sending, Reports, Retries, ClusterWatch):
     def __init__(
         self,
         config: FerryConfig,
@@ -114,8 +113,9 @@ class Forwarder(Reading, Routing, Sending, Reports, Retries, StuckTopics, Cluste
         # Discards, and the batched durable delete of what left (leaving.py).
         self.leaving = Leaving(self.shared, store, registry, self.discard_log,
                                self._ack_signal)
-        # Cluster state changes and stuck topics can repeat for hours: a line a minute each.
-        self._limited = LogLimit(log)
+        self._limited = self.shared.limited  # the cluster watch's warnings (shared.py)
+        # Topics that cannot deliver, shown until they do (stuck_topics.py).
+        self.stuck_topics = StuckTopics(self.shared, self.clusters)
         # Topics with delivery = "exactly_once" are sent by their own thread (transactions.py)
         # and skipped by this loop.
         self.exactly_once = ExactlyOnce(config, store, registry=registry,

@@ -1,10 +1,11 @@
 """What the rooms of the forwarder's loop share: its state, and the steps each room offers
 the others.
 
-The loop (forwarder.py) is made of rooms, one file each. Most are still mixins of one class
+The loop (forwarder.py) is made of rooms, one file each. Some are still mixins of one class
 (the ``Forwarder`` is made of them, each is made of ``LoopState``); a room that keeps state
 no other room touches is an object of its own instead, which the ``Forwarder`` makes and
-holds as an attribute (``.leaving``), and the other rooms call its public methods:
+holds as an attribute (the table's third column), and the other rooms call its public
+methods:
 
 | room | file | is | what it does |
 | --- | --- | --- | --- |
@@ -13,7 +14,7 @@ holds as an attribute (``.leaving``), and the other rooms call its public method
 | ``Sending`` | send.py | mixin | builds and produces messages (the plain-message fast path) |
 | ``Reports`` | reports.py | mixin | delivery reports: acknowledged messages, failed sends |
 | ``Retries`` | retries.py | mixin | a failed send: a retry, the other cluster, a discard |
-| ``StuckTopics`` | stuck_topics.py | mixin | topics that cannot deliver, shown until they do |
+| ``StuckTopics`` | stuck_topics.py | ``.stuck_topics`` | topics that cannot deliver, flagged |
 | ``Leaving`` | leaving.py | ``.leaving`` | discards, and the batched durable delete of what left |
 | ``ClusterWatch`` | cluster_watch.py | mixin | each cluster's state, fed its sends; the gauges |
 
@@ -43,6 +44,7 @@ from agent.forwarder.leaving import Leaving
 from agent.forwarder.partitioner import TopicLayout
 from agent.forwarder.shared import Shared
 from agent.forwarder.shared import log as log
+from agent.forwarder.stuck_topics import StuckTopics
 from agent.forwarder.topic_state import TopicState
 from agent.forwarder.transactions import ExactlyOnce
 from agent.metrics import Registry
@@ -66,6 +68,7 @@ class LoopState(ABC):
     # What the rooms made objects share with the loop, and those rooms.
     shared: Shared
     leaving: Leaving
+    stuck_topics: StuckTopics
     _ack_signal: AckSender
     _commits: CommitListener | None
     _topics: dict[str, TopicState]  # shared.topics
@@ -82,8 +85,7 @@ class LoopState(ABC):
     _retrying: int  # messages the local cluster failed, waiting for a retry to it
     _next_parked: float
     _replaced: dict[tuple[str, str], float]
-    # Cluster state changes and stuck topics can repeat for hours: a line a minute each.
-    _limited: LogLimit
+    _limited: LogLimit  # shared.limited
 
     @abstractmethod
     def _sendable(self, m: StoredMessage | Corrupt, settings: TopicConfig, gen: int,
@@ -147,18 +149,6 @@ class LoopState(ABC):
 
     @abstractmethod
     def _schedule_retry(self, f: Flight, delay: float) -> None:
-        ...
-
-    @abstractmethod
-    def _stuck(self, topic: str, code: str, cluster: str, error: str, operator: bool) -> None:
-        ...
-
-    @abstractmethod
-    def _unstuck(self, topic: str, st: TopicState) -> None:
-        ...
-
-    @abstractmethod
-    def _waiting_for_layout(self, topic: str, st: TopicState, now: float) -> None:
         ...
 
     @abstractmethod

@@ -56,12 +56,12 @@ class Reading(LoopState):
                 # Partitions being looked up (or the cluster is unreachable): the messages
                 # wait in the buffer, but the TTL still applies to them.
                 worked |= self._expire_head(topic, st, now)
-                self._waiting_for_layout(topic, st, now)
+                self.stuck_topics.waiting_for_layout(topic, st, now, topic in self._present)
                 continue
             if st.waiting_since:
                 st.waiting_since = 0.0
                 if st.stuck is not None and st.stuck.error == NO_PARTITIONS:
-                    self._unstuck(topic, st)
+                    self.stuck_topics.unstuck(topic, st)
             values = self.store.read_values(topic, st.cursor, min(room, 2000))
             if not values:
                 st.drained_at = now

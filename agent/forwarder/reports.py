@@ -101,7 +101,7 @@ class Reports(LoopState):
         if delivered:
             leaving.count_delivered(delivered)
             if st.stuck is not None:
-                self._unstuck(topic, st)
+                self.stuck_topics.unstuck(topic, st)
             # A sample is enough for the latency histogram.
             for i in range(0, len(entries), 64):
                 if errs[i] is None:
@@ -129,7 +129,7 @@ class Reports(LoopState):
             if err is None:
                 acked.add(cluster)
                 if ts.stuck is not None:
-                    self._unstuck(topic, ts)
+                    self.stuck_topics.unstuck(topic, ts)
                 if not i & 63:  # a sample is enough for the latency histogram
                     sent = f.sent_local_at if cluster == LOCAL else f.sent_remote_at
                     if sent:

@@ -121,7 +121,7 @@ class Retries(LoopState):
                                  f"{f.attempts} attempts, last error: {error}", in_flight=True)
             return
         if attempt:
-            self._stuck(f.msg.topic, code, cluster, error, operator)
+            self.stuck_topics.stuck(f.msg.topic, code, cluster, error, operator)
         delay = min(self.backoff_initial * (2 ** min(max(f.attempts - 1, 0), 16)),
                     self.backoff_max)
         self._schedule_retry(f, delay)

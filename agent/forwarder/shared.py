@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 from agent.forwarder.topic_state import TopicState
+from agent.process.log_limit import LogLimit
 
 # The forwarder's one logger, under the name it always had: log settings and alerts name it.
 log = logging.getLogger("agent.forwarder.forwarder")
@@ -18,9 +19,12 @@ class Shared:
     under their old names (``_topics``), bound once by the ``Forwarder``, so their hot paths
     pay no extra lookup."""
 
-    __slots__ = ("topics",)
+    __slots__ = ("topics", "limited")
 
     def __init__(self) -> None:
         # Each topic's state (topic_state.py), walked on every step; a topic's entry lives
         # while it holds something (``TopicState.holds_nothing``).
         self.topics: dict[str, TopicState] = {}
+        # Cluster state changes and stuck topics can repeat for hours: a line a minute each,
+        # one limiter for both (stuck_topics.py, cluster_watch.py).
+        self.limited = LogLimit(log)
