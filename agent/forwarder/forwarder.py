@@ -15,11 +15,12 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from agent.buffer.store import Store
 from agent.config import FerryConfig, TopicConfig
-from agent.forwarder.cluster_watch import ClusterWatch
+from agent.forwarder.cluster_watch import ClusterWatch, count_client_error
 from agent.forwarder.clusters import Cluster, producer_config, wait_for_reports
 from agent.forwarder.discard_log import DiscardLog
 from agent.forwarder.flight import LOCAL, REMOTE
@@ -56,7 +57,7 @@ QUIET_WAIT = 0.05
 START_JITTER_POLL = 0.1
 
 
-class Forwarder(Reading, Routing, Sending, Reports, Retries, ClusterWatch):
+class Forwarder(Reading, Routing, Sending, Reports, Retries):
     def __init__(
         self,
         config: FerryConfig,
@@ -79,9 +80,10 @@ class Forwarder(Reading, Routing, Sending, Reports, Retries, ClusterWatch):
         self.topic_settings = topic_settings or config.topic
         fwd = config.forwarder
         if clusters is None:
-            clusters = {LOCAL: Cluster(LOCAL, config.kafka.local, fwd, self._client_error)}
+            on_error = partial(count_client_error, registry)
+            clusters = {LOCAL: Cluster(LOCAL, config.kafka.local, fwd, on_error)}
             if config.kafka.remote is not None:
-                clusters[REMOTE] = Cluster(REMOTE, config.kafka.remote, fwd, self._client_error)
+                clusters[REMOTE] = Cluster(REMOTE, config.kafka.remote, fwd, on_error)
         self.clusters = clusters
         # The local cluster's topic limits, for the intake to refuse what a topic can never
         # take (agent/signals/limits.py). Only the local one: a remote cluster's limits only
@@ -100,20 +102,15 @@ class Forwarder(Reading, Routing, Sending, Reports, Retries, ClusterWatch):
         self._in_flight = 0
         # One list for the forwarder's life: every local Flight in flight holds it as its sink.
         self._reports = []
-        self._retry_topics = set()
+        self._retry_topics = self.shared.retry_topics  # the same set (shared.py)
         self._speculative = deque()
         self._generations = {}
         self._next_topic_scan = 0.0
         self._present = set()  # topics with buffered messages, as last scanned
-        self._next_gauges = 0.0
-        self._parked = 0  # local sends of topics the local cluster says do not exist
-        self._retrying = 0  # messages the local cluster failed, waiting for a retry to it
-        self._next_parked = 0.0
         self._replaced = {}
         # Discards, and the batched durable delete of what left (leaving.py).
         self.leaving = Leaving(self.shared, store, registry, self.discard_log,
                                self._ack_signal)
-        self._limited = self.shared.limited  # the cluster watch's warnings (shared.py)
         # Topics that cannot deliver, shown until they do (stuck_topics.py).
         self.stuck_topics = StuckTopics(self.shared, self.clusters)
         # Topics with delivery = "exactly_once" are sent by their own thread (transactions.py)
@@ -123,6 +120,9 @@ class Forwarder(Reading, Routing, Sending, Reports, Retries, ClusterWatch):
                                         cluster=self.clusters[LOCAL],
                                         discard_log=self.discard_log,
                                         signal=self._ack_signal.send)
+        # Each cluster's state, fed with its sends; the gauges (cluster_watch.py).
+        self.cluster_watch = ClusterWatch(self.shared, self.clusters, registry,
+                                          self.topic_settings, self.exactly_once)
 
     def start_probing(self) -> None:
         """Every cluster's state from probes, from now on, with or without traffic."""
@@ -170,13 +170,11 @@ class Forwarder(Reading, Routing, Sending, Reports, Retries, ClusterWatch):
         worked |= self._handle_reports()
         worked |= self._due_retries(now)
         worked |= self._due_speculative(now)
-        self._check_health(now)
+        self.cluster_watch.check_health(now)
         if self.leaving.due(now):
             self._in_flight -= self.leaving.flush()
             worked = True
-        if now >= self._next_gauges:
-            self._gauges()
-            self._next_gauges = now + 0.5
+        self.cluster_watch.publish_gauges(now)
         return worked
 
     def _wait(self, timeout: float) -> None:

@@ -1,11 +1,9 @@
-"""What the rooms of the forwarder's loop share: its state, and the steps each room offers
-the others.
+"""What the rooms of the forwarder's loop share, and how they reach each other.
 
-The loop (forwarder.py) is made of rooms, one file each. Some are still mixins of one class
-(the ``Forwarder`` is made of them, each is made of ``LoopState``); a room that keeps state
-no other room touches is an object of its own instead, which the ``Forwarder`` makes and
-holds as an attribute (the table's third column), and the other rooms call its public
-methods:
+The loop (forwarder.py) is made of rooms, one file each. A room that keeps state no other
+room touches is an object of its own: the ``Forwarder`` makes it and holds it as an
+attribute, and the other rooms call its public methods. The others are still mixins of one
+class, the ``Forwarder``, each made of ``LoopState``:
 
 | room | file | is | what it does |
 | --- | --- | --- | --- |
@@ -14,16 +12,19 @@ methods:
 | ``Sending`` | send.py | mixin | builds and produces messages (the plain-message fast path) |
 | ``Reports`` | reports.py | mixin | delivery reports: acknowledged messages, failed sends |
 | ``Retries`` | retries.py | mixin | a failed send: a retry, the other cluster, a discard |
-| ``StuckTopics`` | stuck_topics.py | ``.stuck_topics`` | topics that cannot deliver, flagged |
-| ``Leaving`` | leaving.py | ``.leaving`` | discards, and the batched durable delete of what left |
-| ``ClusterWatch`` | cluster_watch.py | mixin | each cluster's state, fed its sends; the gauges |
+| ``StuckTopics`` | stuck_topics.py | ``.stuck_topics`` | topics that cannot deliver, and why |
+| ``Leaving`` | leaving.py | ``.leaving`` | discards; the batched durable delete of what left |
+| ``ClusterWatch`` | cluster_watch.py | ``.cluster_watch`` | cluster states from the sends; gauges |
 
 The mixins share one in-flight table on one thread, every 2 ms step: a mixin reads and
 writes the state declared here directly (no locks, no copies), and calls another mixin's
 step through the abstract methods below, which list every way the mixins depend on each
-other. What a room object shares with the rest of the loop is named in one
-place, ``Shared`` (shared.py), and handed to it when it is made; it reaches into no other
-room's fields, nor they into its.
+other. A room object is handed what it shares with the rest of the loop when it is made:
+``Shared`` (shared.py) names that state, in one place (each topic's state, the topics with
+retries waiting, the one log limiter); the mixins reach the same objects under the names
+declared here, bound once. No room reaches into a room object's fields, nor it into theirs:
+what it needs of the loop's own (which topics have buffered messages, the in-flight total)
+goes through its methods' arguments and results.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from confluent_kafka import KafkaError, KafkaException, Message
 
 from agent.buffer.store import Corrupt, Store, StoredMessage
 from agent.config import FerryConfig, TopicConfig
+from agent.forwarder.cluster_watch import ClusterWatch
 from agent.forwarder.clusters import Cluster
 from agent.forwarder.discard_log import DiscardLog
 from agent.forwarder.flight import Flight, Report
@@ -48,7 +50,6 @@ from agent.forwarder.stuck_topics import StuckTopics
 from agent.forwarder.topic_state import TopicState
 from agent.forwarder.transactions import ExactlyOnce
 from agent.metrics import Registry
-from agent.process.log_limit import LogLimit
 from agent.signals.ack import AckSender
 from agent.signals.commit import CommitListener
 
@@ -69,23 +70,19 @@ class LoopState(ABC):
     shared: Shared
     leaving: Leaving
     stuck_topics: StuckTopics
+    cluster_watch: ClusterWatch
     _ack_signal: AckSender
     _commits: CommitListener | None
     _topics: dict[str, TopicState]  # shared.topics
     _in_flight: int
     # One list for the forwarder's life: every local Flight in flight holds it as its sink.
     _reports: list[Report]
-    _retry_topics: set[str]
+    _retry_topics: set[str]  # shared.retry_topics
     _speculative: deque[tuple[float, Flight]]
     _generations: dict[str, int]
     _next_topic_scan: float
     _present: set[str]  # topics with buffered messages, as last scanned
-    _next_gauges: float
-    _parked: int  # local sends of topics the local cluster says do not exist
-    _retrying: int  # messages the local cluster failed, waiting for a retry to it
-    _next_parked: float
     _replaced: dict[tuple[str, str], float]
-    _limited: LogLimit  # shared.limited
 
     @abstractmethod
     def _sendable(self, m: StoredMessage | Corrupt, settings: TopicConfig, gen: int,
@@ -157,8 +154,4 @@ class LoopState(ABC):
 
     @abstractmethod
     def _has_reports(self) -> bool:
-        ...
-
-    @abstractmethod
-    def _client_error(self, cluster: str, err: KafkaError) -> None:
         ...

@@ -16,15 +16,17 @@ log = logging.getLogger("agent.forwarder.forwarder")
 class Shared:
     """The loop's state that the rooms made objects share with the rest of the loop, named
     here and nowhere else. The rooms still made of ``LoopState`` reach the same objects
-    under their old names (``_topics``), bound once by the ``Forwarder``, so their hot paths
-    pay no extra lookup."""
+    under their old names (``_topics``, ``_retry_topics``), bound once by the ``Forwarder``,
+    so their hot paths pay no extra lookup."""
 
-    __slots__ = ("topics", "limited")
+    __slots__ = ("topics", "retry_topics", "limited")
 
     def __init__(self) -> None:
         # Each topic's state (topic_state.py), walked on every step; a topic's entry lives
         # while it holds something (``TopicState.holds_nothing``).
         self.topics: dict[str, TopicState] = {}
+        # Topics with messages waiting for a retry (retries.py).
+        self.retry_topics: set[str] = set()
         # Cluster state changes and stuck topics can repeat for hours: a line a minute each,
         # one limiter for both (stuck_topics.py, cluster_watch.py).
         self.limited = LogLimit(log)
