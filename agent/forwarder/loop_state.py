@@ -1,9 +1,10 @@
 """What the rooms of the forwarder's loop share, and how they reach each other.
 
-The loop (forwarder.py) is made of rooms, one file each. A room that keeps state no other
-room touches is an object of its own: the ``Forwarder`` makes it and holds it as an
-attribute, and the other rooms call its public methods. The others are still mixins of one
-class, the ``Forwarder``, each made of ``LoopState``:
+The loop (forwarder.py) is made of rooms, one file each. A room that calls no other room,
+and keeps no state of its own that another room touches, is an object of its own: the
+``Forwarder`` makes it and holds it as an attribute, and the other rooms call its public
+methods. The others are still mixins of one class, the ``Forwarder``, each made of
+``LoopState``:
 
 | room | file | is | what it does |
 | --- | --- | --- | --- |
