@@ -159,3 +159,43 @@ def test_no_import_cycle_between_modules() -> None:
         if m not in state:
             visit(m, [m])
     assert cycles == []
+
+
+# The forwarder's rooms that are objects of their own (agent/forwarder/loop_state.py lists
+# every room): module, and the attribute the Forwarder holds it as.
+ROOM_OBJECTS = {"agent.forwarder.leaving": "leaving",
+                "agent.forwarder.stuck_topics": "stuck_topics",
+                "agent.forwarder.cluster_watch": "cluster_watch"}
+# The rooms still made of LoopState, and the loop itself.
+ROOM_MIXINS = ("agent.forwarder.loop_state", "agent.forwarder.forwarder",
+               "agent.forwarder.reading", "agent.forwarder.routing", "agent.forwarder.send",
+               "agent.forwarder.reports", "agent.forwarder.retries")
+
+
+def test_the_rooms_are_where_the_rules_below_look() -> None:
+    assert set(ROOM_OBJECTS) | set(ROOM_MIXINS) <= set(IMPORTS)
+
+
+@pytest.mark.parametrize("room", sorted(ROOM_OBJECTS))
+def test_a_room_object_imports_no_other_room(room: str) -> None:
+    """What a room object shares with the loop is handed to it (``Shared``, shared.py): it
+    imports neither the loop's state nor another room."""
+    rooms = (set(ROOM_OBJECTS) | set(ROOM_MIXINS)) - {room}
+    assert {n for n in IMPORTS[room] if any(_within(n, r) for r in rooms)} == set()
+
+
+def private_reaches(tree: ast.AST) -> list[int]:
+    """Lines that reach a room object's private field: ``<anything>.leaving._batch``."""
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_")
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr in ROOM_OBJECTS.values()]
+
+
+def test_no_room_reaches_into_a_room_object_s_fields() -> None:
+    assert sorted(private_reaches(ast.parse("self.leaving._batch.runs\nfwd.cluster_watch._parked\n"
+                                            "self.leaving.flush()\nself._leaving\n"))) == [1, 2]
+    found = [(str(path.relative_to(ROOT)), line)
+             for package in PACKAGES for path in (ROOT / package).rglob("*.py")
+             for line in private_reaches(ast.parse(path.read_text()))]
+    assert found == []

@@ -35,7 +35,7 @@ METRIC_NAME_CALLS = frozenset({"MetricDef", "set", "inc", "observe", "by", "_gau
 VOCABULARY_METRICS = frozenset({"messages_rejected", "messages_discarded",
                                 "spool_files_quarantined", "spool_batches_deferred"})
 # Where a call takes its reason as a positional argument: callee name -> argument index.
-REASON_ARGUMENT = {"_discard": 1, "Discard": 0, "_quarantine": 3, "Reject": 0,
+REASON_ARGUMENT = {"discard": 1, "Discard": 0, "_quarantine": 3, "Reject": 0,
                    "BufferUnavailable": 0}
 # HTTP refusals: the error code at argument 1 is the reason word when it is one (docs/http.md).
 ERROR_CALLS = frozenset({"HttpError", "ApiError", "Refusal"})
@@ -187,7 +187,7 @@ def test_the_checks_find_what_they_are_for() -> None:
     """Each rule above, shown failing on the kinds of code it was written against."""
     bad = ast.parse(
         'raise HttpError(413, "too_large", "m", reason="too_large")\n'
-        'self._discard(f, "ttl", "old")\n'
+        'self.leaving.discard(f, "ttl", "old")\n'
         'Discard("corrupt", topic)\n'
         'self._quarantine(root, path, key, "unreadable", "x")\n'
         'raise Reject("malformed", "short")\n'

@@ -1,20 +1,57 @@
 """Each cluster's state (health.py) fed with its outstanding sends, its changes logged, and
-the gauges the status page and alerts read (cluster state, stuck topics)."""
+the gauges the status page and alerts read (cluster state, stuck topics).
+
+``ClusterWatch`` owns its counts of the local cluster's parked and retried sends and when to
+count them and publish the gauges next; it reads each topic's state and which topics have
+retries waiting (``Shared``), and writes nothing of the loop's.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaError
 
+from agent.config import TopicConfig
 from agent.forwarder import failures
+from agent.forwarder.clusters import Cluster
 from agent.forwarder.flight import LOCAL, REMOTE
 from agent.forwarder.health import Change
-from agent.forwarder.loop_state import LoopState, log
+from agent.forwarder.shared import Shared, log
+from agent.forwarder.transactions import ExactlyOnce
+from agent.metrics import Registry
+
+# How often the gauges are published, and the parked and retried sends counted when neither
+# is needed every step (check_health).
+GAUGES_SECONDS = 0.5
+COUNT_SECONDS = 0.1
 
 
-class ClusterWatch(LoopState):
-    def _check_health(self, now: float) -> None:
+def count_client_error(registry: Registry, cluster: str, err: KafkaError) -> None:
+    """A cluster's producers' error callback (``Cluster``'s ``on_error``): counted and
+    sampled for the status page."""
+    registry.inc("cluster_errors", cluster=cluster, error=err.name())
+    registry.sample("error", err.name(), {"cluster": cluster, "detail": err.str()})
+
+
+class ClusterWatch:
+    def __init__(self, shared: Shared, clusters: dict[str, Cluster], registry: Registry,
+                 topic_settings: Callable[[str], TopicConfig],
+                 exactly_once: ExactlyOnce) -> None:
+        self._topics = shared.topics
+        self._retry_topics = shared.retry_topics
+        self._limited = shared.limited
+        self.clusters = clusters
+        self.registry = registry
+        self.topic_settings = topic_settings
+        self.exactly_once = exactly_once
+        self._parked = 0  # local sends of topics the local cluster says do not exist
+        self._retrying = 0  # messages the local cluster failed, waiting for a retry to it
+        self._next_parked = 0.0
+        self._next_gauges = 0.0
+
+    def check_health(self, now: float) -> None:
         """Feed each cluster's state (health.py) with its outstanding sends; log changes."""
         if now >= self._next_parked or self._retry_topics or self.clusters[LOCAL].has_missing():
             # Every step while there are retries or missing topics: counted a step late, a
@@ -23,7 +60,7 @@ class ClusterWatch(LoopState):
             # walk of the topics every 0.1 s is enough (not on the busy path's every step).
             self._parked = self._parked_sends()
             self._retrying = self._retrying_sends()
-            self._next_parked = now + 0.1
+            self._next_parked = now + COUNT_SECONDS
         for name, c in self.clusters.items():
             h = c.health
             # Sends to a broker out of reach wait for it alone (brokers.py): they say nothing
@@ -89,11 +126,13 @@ class ClusterWatch(LoopState):
         else:
             log.info("cluster %s is %s: %s", change.cluster, change.new, change.reason)
 
-    def _client_error(self, cluster: str, err: KafkaError) -> None:
-        self.registry.inc("cluster_errors", cluster=cluster, error=err.name())
-        self.registry.sample("error", err.name(), {"cluster": cluster, "detail": err.str()})
+    def publish_gauges(self, now: float) -> None:
+        """The gauges, every GAUGES_SECONDS, and at once after a cluster's state changed."""
+        if now >= self._next_gauges:
+            self.gauges()
+            self._next_gauges = now + GAUGES_SECONDS
 
-    def _gauges(self) -> None:
+    def gauges(self) -> None:
         reg = self.registry
         states: dict[str, Any] = {}
         for name, c in self.clusters.items():

@@ -15,28 +15,27 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from agent.buffer.store import Store
 from agent.config import FerryConfig, TopicConfig
-from agent.forwarder.cluster_watch import ClusterWatch
+from agent.forwarder.cluster_watch import ClusterWatch, count_client_error
 from agent.forwarder.clusters import Cluster, producer_config, wait_for_reports
 from agent.forwarder.discard_log import DiscardLog
 from agent.forwarder.flight import LOCAL, REMOTE
 from agent.forwarder.leaving import Leaving
-from agent.forwarder.leaving_batch import LeavingBatch
 from agent.forwarder.loop_state import log
 from agent.forwarder.reading import Reading
 from agent.forwarder.reports import Reports
 from agent.forwarder.retries import Retries
 from agent.forwarder.routing import Routing
 from agent.forwarder.send import Sending
+from agent.forwarder.shared import Shared
 from agent.forwarder.stuck_topics import StuckTopics
 from agent.forwarder.topic_limits import TopicLimits
 from agent.forwarder.transactions import ExactlyOnce
-from agent.forwarder.trouble import Trouble
 from agent.metrics import REGISTRY, Registry
-from agent.process.log_limit import LogLimit
 from agent.signals.ack import AckSender
 from agent.signals.ack import socket_path as ack_socket_path
 from agent.signals.commit import listen as listen_for_commits
@@ -44,15 +43,6 @@ from agent.signals.commit import socket_path as commit_socket_path
 from agent.signals.limits import Limit, LimitsPublisher
 from agent.signals.limits import file_path as limits_file_path
 
-# Acknowledged and discarded messages leave the buffer in one fsynced transaction per this
-# many seconds or DELETE_BATCH_MESSAGES, whichever comes first. Nothing waits on the delete
-# (a 201 is signalled at the delivery report, the space it frees is not needed within
-# milliseconds), and each commit costs an fsync and holds the LMDB write lock the intake
-# needs: at a few thousand 201s a second, 20 ms rather than 2 ms cut the forwarder's CPU per
-# message by about a quarter (docs/design.md). A crash re-sends what was acknowledged but not
-# yet deleted, as it always could (at-least-once).
-DELETE_BATCH_SECONDS = 0.02
-DELETE_BATCH_MESSAGES = 2000
 # The idle loop waits IDLE_WAIT for a delivery report (or a commit) before its next step, and
 # QUIET_WAIT once nothing happened for QUIET_AFTER: 500 steps a second, each walking the
 # topics and the clusters, cost 6-7 % of a core with nothing to do (an idle agent, or one
@@ -67,8 +57,7 @@ QUIET_WAIT = 0.05
 START_JITTER_POLL = 0.1
 
 
-class Forwarder(Reading, Routing, Sending, Reports, Retries, StuckTopics, Leaving,
-                ClusterWatch):
+class Forwarder(Reading, Routing, Sending, Reports, Retries):
     def __init__(
         self,
         config: FerryConfig,
@@ -91,9 +80,10 @@ class Forwarder(Reading, Routing, Sending, Reports, Retries, StuckTopics, Leavin
         self.topic_settings = topic_settings or config.topic
         fwd = config.forwarder
         if clusters is None:
-            clusters = {LOCAL: Cluster(LOCAL, config.kafka.local, fwd, self._client_error)}
+            on_error = partial(count_client_error, registry)
+            clusters = {LOCAL: Cluster(LOCAL, config.kafka.local, fwd, on_error)}
             if config.kafka.remote is not None:
-                clusters[REMOTE] = Cluster(REMOTE, config.kafka.remote, fwd, self._client_error)
+                clusters[REMOTE] = Cluster(REMOTE, config.kafka.remote, fwd, on_error)
         self.clusters = clusters
         # The local cluster's topic limits, for the intake to refuse what a topic can never
         # take (agent/signals/limits.py). Only the local one: a remote cluster's limits only
@@ -106,27 +96,23 @@ class Forwarder(Reading, Routing, Sending, Reports, Retries, StuckTopics, Leavin
         self.per_topic_cap = max(1000, self.max_in_flight // 4)
         self.backoff_initial = fwd.retry_backoff_ms / 1000.0
         self.backoff_max = fwd.retry_backoff_max_ms / 1000.0
-        self._topics = {}
+        self.shared = Shared()
+        # The same dict, under the name the rooms made of LoopState use (shared.py).
+        self._topics = self.shared.topics
         self._in_flight = 0
         # One list for the forwarder's life: every local Flight in flight holds it as its sink.
         self._reports = []
-        self._retry_topics = set()
+        self._retry_topics = self.shared.retry_topics  # the same set (shared.py)
         self._speculative = deque()
-        self._leaving = LeavingBatch()
         self._generations = {}
         self._next_topic_scan = 0.0
         self._present = set()  # topics with buffered messages, as last scanned
-        self._next_gauges = 0.0
-        self._parked = 0  # local sends of topics the local cluster says do not exist
-        self._retrying = 0  # messages the local cluster failed, waiting for a retry to it
-        self._next_parked = 0.0
         self._replaced = {}
-        self._delete_trouble = Trouble("removing messages from the buffer", registry,
-                                        "buffer_delete")
-        self._log_trouble = Trouble("writing the discard log", registry, "discard_log")
-        self._log_retry_at = 0.0
-        # Cluster state changes and stuck topics can repeat for hours: a line a minute each.
-        self._limited = LogLimit(log)
+        # Discards, and the batched durable delete of what left (leaving.py).
+        self.leaving = Leaving(self.shared, store, registry, self.discard_log,
+                               self._ack_signal)
+        # Topics that cannot deliver, shown until they do (stuck_topics.py).
+        self.stuck_topics = StuckTopics(self.shared, self.clusters)
         # Topics with delivery = "exactly_once" are sent by their own thread (transactions.py)
         # and skipped by this loop.
         self.exactly_once = ExactlyOnce(config, store, registry=registry,
@@ -134,6 +120,9 @@ class Forwarder(Reading, Routing, Sending, Reports, Retries, StuckTopics, Leavin
                                         cluster=self.clusters[LOCAL],
                                         discard_log=self.discard_log,
                                         signal=self._ack_signal.send)
+        # Each cluster's state, fed with its sends; the gauges (cluster_watch.py).
+        self.cluster_watch = ClusterWatch(self.shared, self.clusters, registry,
+                                          self.topic_settings, self.exactly_once)
 
     def start_probing(self) -> None:
         """Every cluster's state from probes, from now on, with or without traffic."""
@@ -181,16 +170,11 @@ class Forwarder(Reading, Routing, Sending, Reports, Retries, StuckTopics, Leavin
         worked |= self._handle_reports()
         worked |= self._due_retries(now)
         worked |= self._due_speculative(now)
-        self._check_health(now)
-        lv = self._leaving
-        n = len(lv)
-        if n and now >= lv.retry_at and (n >= DELETE_BATCH_MESSAGES
-                                         or now - lv.since >= DELETE_BATCH_SECONDS):
-            self._flush_leaving()
+        self.cluster_watch.check_health(now)
+        if self.leaving.due(now):
+            self._in_flight -= self.leaving.flush()
             worked = True
-        if now >= self._next_gauges:
-            self._gauges()
-            self._next_gauges = now + 0.5
+        self.cluster_watch.publish_gauges(now)
         return worked
 
     def _wait(self, timeout: float) -> None:
@@ -217,13 +201,13 @@ class Forwarder(Reading, Routing, Sending, Reports, Retries, StuckTopics, Leavin
         while self._in_flight > 0 and time.monotonic() < deadline:
             self._poll()
             self._handle_reports()
-            if len(self._leaving):
-                self._flush_leaving()
+            if self.leaving.waiting():
+                self._in_flight -= self.leaving.flush()
             if not self._has_reports():
                 self._wait(0.01)
         self._handle_reports()
-        if len(self._leaving):
-            self._flush_leaving()
+        if self.leaving.waiting():
+            self._in_flight -= self.leaving.flush()
         for c in self.clusters.values():
             c.close(0.5)
         if self._commits is not None:

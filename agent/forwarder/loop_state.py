@@ -1,28 +1,35 @@
-"""What the rooms of the forwarder's loop share: its state, and the steps each room offers
-the others.
+"""What the rooms of the forwarder's loop share, and how they reach each other.
 
-The loop (forwarder.py) is one class made of rooms, one file each:
+The loop (forwarder.py) is made of rooms, one file each. A room that calls no other room,
+and keeps no state of its own that another room touches, is an object of its own: the
+``Forwarder`` makes it and holds it as an attribute, and the other rooms call its public
+methods. The others are still mixins of one class, the ``Forwarder``, each made of
+``LoopState``:
 
-| room | file | what it does |
-| --- | --- | --- |
-| ``Reading`` | reading.py | reads each topic's buffer in order, checks what must not be sent |
-| ``Routing`` | routing.py | chooses the cluster: local, or the remote one for fallback topics |
-| ``Sending`` | send.py | builds and produces messages (the plain-message fast path) |
-| ``Reports`` | reports.py | delivery reports: acknowledged messages, failed sends |
-| ``Retries`` | retries.py | what a failed send becomes: a retry, the other cluster, a discard |
-| ``StuckTopics`` | stuck_topics.py | topics that cannot deliver, shown until they do |
-| ``Leaving`` | leaving.py | discards, and the batched durable delete of what left |
-| ``ClusterWatch`` | cluster_watch.py | each cluster's state, fed with its sends; the gauges |
+| room | file | is | what it does |
+| --- | --- | --- | --- |
+| ``Reading`` | reading.py | mixin | reads each topic's buffer in order, checks what must not go |
+| ``Routing`` | routing.py | mixin | chooses the cluster: local, or remote for fallback topics |
+| ``Sending`` | send.py | mixin | builds and produces messages (the plain-message fast path) |
+| ``Reports`` | reports.py | mixin | delivery reports: acknowledged messages, failed sends |
+| ``Retries`` | retries.py | mixin | a failed send: a retry, the other cluster, a discard |
+| ``StuckTopics`` | stuck_topics.py | ``.stuck_topics`` | topics that cannot deliver, and why |
+| ``Leaving`` | leaving.py | ``.leaving`` | discards; the batched durable delete of what left |
+| ``ClusterWatch`` | cluster_watch.py | ``.cluster_watch`` | cluster states from the sends; gauges |
 
-They are one class, not objects passing messages, because one thread runs them all on every
-2 ms step and they share one in-flight table: a room reads and writes the state declared
-here directly (no locks, no copies), and calls another room's step through the abstract
-methods below, which list every way the rooms depend on each other.
+The mixins share one in-flight table on one thread, every 2 ms step: a mixin reads and
+writes the state declared here directly (no locks, no copies), and calls another mixin's
+step through the abstract methods below, which list every way the mixins depend on each
+other. A room object is handed what it shares with the rest of the loop when it is made:
+``Shared`` (shared.py) names that state, in one place (each topic's state, the topics with
+retries waiting, the one log limiter); the mixins reach the same objects under the names
+declared here, bound once. No room reaches into a room object's fields, nor it into theirs:
+what it needs of the loop's own (which topics have buffered messages, the in-flight total)
+goes through its methods' arguments and results.
 """
 
 from __future__ import annotations
 
-import logging
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
@@ -30,23 +37,22 @@ from typing import Any, TypeGuard
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from agent.buffer.store import Corrupt, Outcome, Store, StoredMessage
+from agent.buffer.store import Corrupt, Store, StoredMessage
 from agent.config import FerryConfig, TopicConfig
+from agent.forwarder.cluster_watch import ClusterWatch
 from agent.forwarder.clusters import Cluster
-from agent.forwarder.discard_log import Discard, DiscardLog
+from agent.forwarder.discard_log import DiscardLog
 from agent.forwarder.flight import Flight, Report
-from agent.forwarder.leaving_batch import LeavingBatch
+from agent.forwarder.leaving import Leaving
 from agent.forwarder.partitioner import TopicLayout
+from agent.forwarder.shared import Shared
+from agent.forwarder.shared import log as log
+from agent.forwarder.stuck_topics import StuckTopics
 from agent.forwarder.topic_state import TopicState
 from agent.forwarder.transactions import ExactlyOnce
-from agent.forwarder.trouble import Trouble
 from agent.metrics import Registry
-from agent.process.log_limit import LogLimit
 from agent.signals.ack import AckSender
 from agent.signals.commit import CommitListener
-
-# The forwarder's one logger, under the name it always had: log settings and alerts name it.
-log = logging.getLogger("agent.forwarder.forwarder")
 
 
 class LoopState(ABC):
@@ -61,28 +67,23 @@ class LoopState(ABC):
     per_topic_cap: int
     backoff_initial: float
     backoff_max: float
+    # What the rooms made objects share with the loop, and those rooms.
+    shared: Shared
+    leaving: Leaving
+    stuck_topics: StuckTopics
+    cluster_watch: ClusterWatch
     _ack_signal: AckSender
     _commits: CommitListener | None
-    _topics: dict[str, TopicState]
+    _topics: dict[str, TopicState]  # shared.topics
     _in_flight: int
     # One list for the forwarder's life: every local Flight in flight holds it as its sink.
     _reports: list[Report]
-    _retry_topics: set[str]
+    _retry_topics: set[str]  # shared.retry_topics
     _speculative: deque[tuple[float, Flight]]
-    _leaving: LeavingBatch
     _generations: dict[str, int]
     _next_topic_scan: float
     _present: set[str]  # topics with buffered messages, as last scanned
-    _next_gauges: float
-    _parked: int  # local sends of topics the local cluster says do not exist
-    _retrying: int  # messages the local cluster failed, waiting for a retry to it
-    _next_parked: float
     _replaced: dict[tuple[str, str], float]
-    _delete_trouble: Trouble
-    _log_trouble: Trouble
-    _log_retry_at: float
-    # Cluster state changes and stuck topics can repeat for hours: a line a minute each.
-    _limited: LogLimit
 
     @abstractmethod
     def _sendable(self, m: StoredMessage | Corrupt, settings: TopicConfig, gen: int,
@@ -149,41 +150,9 @@ class LoopState(ABC):
         ...
 
     @abstractmethod
-    def _stuck(self, topic: str, code: str, cluster: str, error: str, operator: bool) -> None:
-        ...
-
-    @abstractmethod
-    def _unstuck(self, topic: str, st: TopicState) -> None:
-        ...
-
-    @abstractmethod
-    def _waiting_for_layout(self, topic: str, st: TopicState, now: float) -> None:
-        ...
-
-    @abstractmethod
-    def _discard(self, f: Flight, reason: str, detail: str, in_flight: bool = False) -> None:
-        ...
-
-    @abstractmethod
-    def _discard_corrupt(self, m: Corrupt) -> None:
-        ...
-
-    @abstractmethod
-    def _leave(self, f: Flight | None, outcome: Outcome, discard: Discard) -> None:
-        ...
-
-    @abstractmethod
-    def _flush_leaving(self) -> None:
-        ...
-
-    @abstractmethod
     def _handle_reports(self) -> bool:
         ...
 
     @abstractmethod
     def _has_reports(self) -> bool:
-        ...
-
-    @abstractmethod
-    def _client_error(self, cluster: str, err: KafkaError) -> None:
         ...

@@ -29,8 +29,7 @@ MAX_HELD_DISCARDS = 20_000
 
 class Reading(LoopState):
     def _read_and_send(self, now: float) -> bool:
-        lv = self._leaving
-        if len(lv.discards) - lv.logged >= MAX_HELD_DISCARDS:
+        if self.leaving.held_discards() >= MAX_HELD_DISCARDS:
             return False  # the discard log refuses lines: hold no more (see the constant)
         if now >= self._next_topic_scan:
             present = self.store.topics()
@@ -57,12 +56,12 @@ class Reading(LoopState):
                 # Partitions being looked up (or the cluster is unreachable): the messages
                 # wait in the buffer, but the TTL still applies to them.
                 worked |= self._expire_head(topic, st, now)
-                self._waiting_for_layout(topic, st, now)
+                self.stuck_topics.waiting_for_layout(topic, st, now, topic in self._present)
                 continue
             if st.waiting_since:
                 st.waiting_since = 0.0
                 if st.stuck is not None and st.stuck.error == NO_PARTITIONS:
-                    self._unstuck(topic, st)
+                    self.stuck_topics.unstuck(topic, st)
             values = self.store.read_values(topic, st.cursor, min(room, 2000))
             if not values:
                 st.drained_at = now
@@ -106,9 +105,9 @@ class Reading(LoopState):
                             why: eligibility.Unsendable) -> None:
         """Discard ``m``, not in flight, for the reason the rule gave."""
         if isinstance(m, Corrupt):
-            self._discard_corrupt(m)
+            self.leaving.discard_corrupt(m)
         else:
-            self._discard(Flight(m, settings), why.reason, why.detail)
+            self.leaving.discard(Flight(m, settings), why.reason, why.detail)
 
     def _expire_head(self, topic: str, st: TopicState, now: float) -> bool:
         """Discard what cannot be sent at the head of a topic that cannot be sent to right
@@ -155,8 +154,7 @@ class Reading(LoopState):
         topics = self._topics
         if len(topics) == len(self._present):
             return  # every entry has buffered messages: nothing to drop (the common case)
-        lv = self._leaving
-        leaving = lv.discarded_topics() if lv.outcomes else set()
+        leaving = self.leaving.discarded_topics()
         gone = [t for t, st in topics.items()
                 if st.holds_nothing() and t not in self._present and t not in leaving]
         for t in gone:

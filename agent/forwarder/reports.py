@@ -65,12 +65,11 @@ class Reports(LoopState):
         st.sink.clear()
         st.sending -= len(entries)
         now = time.monotonic()
-        lv = self._leaving
-        if not len(lv):
-            lv.since = now
-        run = lv.runs.get((topic, LOCAL))
+        leaving = self.leaving
+        runs = leaving.delivered_runs(now)
+        run = runs.get((topic, LOCAL))
         if run is None:
-            run = lv.runs[(topic, LOCAL)] = DeliveredRun(topic, LOCAL)
+            run = runs[(topic, LOCAL)] = DeliveredRun(topic, LOCAL)
         mids, values, sents, errs, msgs = zip(*entries, strict=True)
         # Stored bytes, as read() counts them: the handle (topic NUL id) and the value.
         base = len(topic) + 1
@@ -100,9 +99,9 @@ class Reports(LoopState):
                 f.sent_local_at = sent
                 self._report_failed(f, LOCAL, err, purge)
         if delivered:
-            lv.delivered += delivered
+            leaving.count_delivered(delivered)
             if st.stuck is not None:
-                self._unstuck(topic, st)
+                self.stuck_topics.unstuck(topic, st)
             # A sample is enough for the latency histogram.
             for i in range(0, len(entries), 64):
                 if errs[i] is None:
@@ -118,10 +117,8 @@ class Reports(LoopState):
         now = time.monotonic()
         acked: set[str] = set()
         topics = self._topics
-        lv = self._leaving
-        if not len(lv):
-            lv.since = now
-        runs = lv.runs
+        leaving = self.leaving
+        runs = leaving.delivered_runs(now)
         delivered = 0
         for i, (f, cluster, err, msg) in enumerate(reports):
             f.pending -= 1
@@ -132,7 +129,7 @@ class Reports(LoopState):
             if err is None:
                 acked.add(cluster)
                 if ts.stuck is not None:
-                    self._unstuck(topic, ts)
+                    self.stuck_topics.unstuck(topic, ts)
                 if not i & 63:  # a sample is enough for the latency histogram
                     sent = f.sent_local_at if cluster == LOCAL else f.sent_remote_at
                     if sent:
@@ -155,6 +152,6 @@ class Reports(LoopState):
             if f.done:
                 continue
             self._report_failed(f, cluster, err, purge)
-        lv.delivered += delivered
+        leaving.count_delivered(delivered)
         for cluster in acked:
             self.clusters[cluster].health.acknowledged()

@@ -107,7 +107,7 @@ class Retries(LoopState):
             # one refused the message for good (e.g. the remote cluster's ACLs differ).
             return
         if permanent:
-            self._discard(f, reasons.INVALID, f"{cluster}: {error}", in_flight=True)
+            self.leaving.discard(f, reasons.INVALID, f"{cluster}: {error}", in_flight=True)
             return
         remote = self.clusters.get(REMOTE)
         # Hermes' fallback: the local send failed, try the remote datacenter at once.
@@ -117,11 +117,11 @@ class Retries(LoopState):
         if attempt:
             f.attempts += 1
         if attempt and f.settings.max_attempts and f.attempts >= f.settings.max_attempts:
-            self._discard(f, reasons.ATTEMPTS, f"{f.attempts} attempts, last error: {error}",
-                          in_flight=True)
+            self.leaving.discard(f, reasons.ATTEMPTS,
+                                 f"{f.attempts} attempts, last error: {error}", in_flight=True)
             return
         if attempt:
-            self._stuck(f.msg.topic, code, cluster, error, operator)
+            self.stuck_topics.stuck(f.msg.topic, code, cluster, error, operator)
         delay = min(self.backoff_initial * (2 ** min(max(f.attempts - 1, 0), 16)),
                     self.backoff_max)
         self._schedule_retry(f, delay)
@@ -167,8 +167,9 @@ class Retries(LoopState):
                 why = eligibility.judge(f.msg, f.settings, gen,
                                         f.settings.max_message_bytes, now_ms)
                 if why is not None:
-                    self._discard(f, why.reason, f"{why.detail}; last error: {f.last_error}",
-                                  in_flight=True)
+                    self.leaving.discard(f, why.reason,
+                                         f"{why.detail}; last error: {f.last_error}",
+                                         in_flight=True)
                     continue
                 f.sent_remote = False
                 self._send(f, now)

@@ -1,14 +1,19 @@
 """Topics that cannot deliver: flagged (stuck.py) when a send fails with an error that is
 retried, or when their partitions cannot be learnt, and shown on their row and in health
 until their next acknowledgement. Never a reason to discard.
+
+``StuckTopics`` keeps no state of its own: what it flags is each topic's ``stuck`` (its
+``TopicState``, in ``Shared.topics``), and its rate-limited warnings share the loop's one
+``LogLimit`` with the cluster watch (``Shared.limited``).
 """
 
 from __future__ import annotations
 
 import time
 
+from agent.forwarder.clusters import Cluster
 from agent.forwarder.flight import LOCAL
-from agent.forwarder.loop_state import LoopState, log
+from agent.forwarder.shared import Shared, log
 from agent.forwarder.stuck import Stuck
 from agent.forwarder.topic_state import TopicState
 
@@ -17,8 +22,13 @@ from agent.forwarder.topic_state import TopicState
 NO_PARTITIONS = "NO_PARTITIONS"
 
 
-class StuckTopics(LoopState):
-    def _stuck(self, topic: str, code: str, cluster: str, error: str, operator: bool) -> None:
+class StuckTopics:
+    def __init__(self, shared: Shared, clusters: dict[str, Cluster]) -> None:
+        self._topics = shared.topics
+        self._limited = shared.limited
+        self._clusters = clusters
+
+    def stuck(self, topic: str, code: str, cluster: str, error: str, operator: bool) -> None:
         """A send of ``topic`` failed and is retried: the topic is stuck until its next
         acknowledgement, shown on its row and in health (failures.py says how loud)."""
         st = self._topics.setdefault(topic, TopicState())
@@ -33,27 +43,29 @@ class StuckTopics(LoopState):
                                   "cluster %s (%s); its messages stay buffered and are retried "
                                   "until ttl_seconds", topic, code, cluster, error)
 
-    def _waiting_for_layout(self, topic: str, st: TopicState, now: float) -> None:
+    def waiting_for_layout(self, topic: str, st: TopicState, now: float,
+                           present: bool) -> None:
         """A topic with messages whose partitions cannot be learnt (its cluster unreachable,
         or not answering for it) sends nothing, so no send fails to say why: after
-        outage_after_seconds it is stuck on NO_PARTITIONS, with the cluster's state."""
+        outage_after_seconds it is stuck on NO_PARTITIONS, with the cluster's state.
+        ``present``: the topic has buffered messages, as the reader last scanned."""
         if not st.waiting_since:
             st.waiting_since = now
             return
-        local = self.clusters[LOCAL]
-        if topic not in self._present or now - st.waiting_since < local.config.outage_after_seconds:
+        local = self._clusters[LOCAL]
+        if not present or now - st.waiting_since < local.config.outage_after_seconds:
             return
         h = local.health
         detail = (f"its partitions are not known after {now - st.waiting_since:.0f} s; "
                   f"cluster {LOCAL} is {h.state}" + (f": {h.reason}" if h.reason else ""))
         if st.stuck is None:
-            self._stuck(topic, NO_PARTITIONS, LOCAL, detail, False)
+            self.stuck(topic, NO_PARTITIONS, LOCAL, detail, False)
         elif st.stuck.error == NO_PARTITIONS:
             # Kept current, not frozen at the moment it began: the cluster's verdict (and its
             # cause, e.g. refused credentials) often comes after the topic began to wait.
             st.stuck.detail = detail
 
-    def _unstuck(self, topic: str, st: TopicState) -> None:
+    def unstuck(self, topic: str, st: TopicState) -> None:
         stuck = st.stuck
         st.stuck = None
         if stuck is not None and stuck.operator:

@@ -83,7 +83,7 @@ def test_deliveries_go_on_while_the_discard_log_refuses_and_discards_wait_in_the
     caplog.set_level(logging.WARNING)
     fwd = setup.forwarder({"local": Acking()},
                           lambda t: TopicConfig(max_message_bytes=10 if t == "big" else 1000))
-    fwd.discard_log = DiscardLog(setup.discards, max_bytes=1)  # refuses every line
+    fwd.leaving.discard_log = DiscardLog(setup.discards, max_bytes=1)  # refuses every line
     setup.store.append([[Record("big", b"x" * 100) for _ in range(300)]])  # too large
     setup.store.append([[Record("ok", b"y") for _ in range(3000)]])
     run_until(fwd, lambda: {s.topic for s in setup.store.topic_stats()} == {"big"},
@@ -98,7 +98,7 @@ def test_deliveries_go_on_while_the_discard_log_refuses_and_discards_wait_in_the
     failing = [r for r in caplog.records if "writing the discard log failed" in r.getMessage()]
     assert len(failing) == 1, caplog.text
     # Room in the log again (an operator moved it): the discards leave, logged once each.
-    fwd.discard_log = DiscardLog(setup.discards)
+    fwd.leaving.discard_log = DiscardLog(setup.discards)
     run_until(fwd, lambda: not setup.store.topic_stats(), "the discards to leave")
     assert setup.discard_reasons() == ["too_large"] * 300
     assert "writing the discard log works again" in caplog.text
@@ -111,12 +111,12 @@ def test_held_discards_are_bounded(
     (the rest stays in the buffer) until they can leave."""
     monkeypatch.setattr(reading, "MAX_HELD_DISCARDS", 500)
     fwd = setup.forwarder({"local": FakeCluster()}, lambda t: TopicConfig(max_message_bytes=10))
-    fwd.discard_log = DiscardLog(setup.discards, max_bytes=1)
+    fwd.leaving.discard_log = DiscardLog(setup.discards, max_bytes=1)
     setup.store.append([[Record("big", b"x" * 100) for _ in range(5000)]])
     for _ in range(2000):
         fwd.step()
-        assert len(fwd._leaving.discards) < 500 + 2000  # at most one read past the bound
+        assert len(fwd.leaving.discards()) < 500 + 2000  # at most one read past the bound
     assert setup.store.topic_stats()[0].messages == 5000
-    fwd.discard_log = DiscardLog(setup.discards)
+    fwd.leaving.discard_log = DiscardLog(setup.discards)
     run_until(fwd, lambda: not setup.store.topic_stats(), "the discards to leave")
     assert len(setup.discard_reasons()) == 5000

@@ -195,7 +195,7 @@ def at_least_once_discards(tmp_path: Path, store: Store, pairs: list[tuple[bytes
                     topic_settings=lambda _: SETTINGS)
     fwd._send_values(TOPIC, pairs, TopicState(), SETTINGS, store.generation(TOPIC), True,
                      now_ms, cluster.p, cluster.layout(TOPIC), time.monotonic())
-    discards: list[Discard] = fwd._leaving.discards
+    discards: list[Discard] = fwd.leaving.discards()
     return ({keys.parse_id_text(d.message_id) or b"": d.reason for d in discards},
             [v for v, _ in cluster.p.sent])
 

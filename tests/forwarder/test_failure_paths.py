@@ -173,13 +173,13 @@ def test_an_expired_backlog_is_discarded_a_bounded_number_per_step(
         setup.store.append([[Record("t", b"x" * 50) for _ in range(n)]])
     fwd = setup.forwarder({"local": Unreachable()}, lambda t: TopicConfig(ttl_seconds=60))
     flushed: list[int] = []
-    flush = fwd._flush_leaving
+    flush = fwd.leaving.flush
 
-    def counting() -> None:
-        flushed.append(len(fwd._leaving))
-        flush()
+    def counting() -> int:
+        flushed.append(fwd.leaving.waiting())
+        return flush()
 
-    monkeypatch.setattr(fwd, "_flush_leaving", counting)
+    monkeypatch.setattr(fwd.leaving, "flush", counting)
     # Timed, not counted: the last few expired messages leave with the next timed delete
     # batch (DELETE_BATCH_SECONDS), which a fast host reaches only after many idle steps.
     run_until(fwd, lambda: not setup.store.topic_stats(), "the expired backlog to leave")

@@ -34,7 +34,7 @@ def answer_all(cluster: FakeCluster, err: KafkaError | None) -> int:
 
 
 def health(fwd: Forwarder) -> dict[str, object]:
-    fwd._gauges()  # what the forwarder publishes twice a second
+    fwd.cluster_watch.gauges()  # what the forwarder publishes twice a second
     ctx = model.Context(version="t", hostname="h", pid=1, started_at=time.time(),
                         now=time.time(), phase="running", ready=True, ready_reason="ready",
                         clusters={"local": "127.0.0.1:9092"})
