@@ -1,6 +1,6 @@
 """What the buffer's unit tests share: readers of a Store's contents, a fake clock for its ids
 and ages (the ``clock`` fixture in conftest.py installs one), and a recorder of the
-callbacks the Committer's writer thread makes."""
+callbacks the Committer's writer thread makes, and a gate that holds that thread."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import threading
 
 from agent.buffer.committer import Result
 from agent.buffer.store import Store, StoredMessage
+
+WAIT = 30.0  # seconds a held writer thread waits to be released, at most
 
 
 def read_all(store: Store, topic: str) -> list[StoredMessage]:
@@ -50,3 +52,15 @@ class Calls:
     def count(self) -> int:
         with self.lock:
             return len(self.calls)
+
+
+class Gate:
+    """A commit callback that holds the writer thread until released."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, result: Result) -> None:
+        self.entered.set()
+        assert self.release.wait(WAIT), "gate never released"

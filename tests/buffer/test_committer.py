@@ -21,22 +21,12 @@ from agent.buffer.committer import Callback, Committer, Result, ShuttingDown
 from agent.buffer.store import BufferFull, BufferUnavailable, EncodedGroup, Store, StoredMessage
 from agent.metrics import Registry
 from agent.records import Record
+from tests.buffer.helpers import WAIT, Gate
 from tests.waiting import wait_until
 
 MB = 1024 * 1024
-WAIT = 30.0
 
 
-class Gate:
-    """A callback that holds the writer thread until released."""
-
-    def __init__(self) -> None:
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def __call__(self, result: Result) -> None:
-        self.entered.set()
-        assert self.release.wait(WAIT), "gate never released"
 
 
 class Results:

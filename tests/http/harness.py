@@ -9,14 +9,13 @@ deterministically; ``queued_messages(served)`` counts those waiting for the writ
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from agent.buffer.committer import Committer, Result
+from agent.buffer.committer import Committer
 from agent.buffer.store import Store, StoredMessage
 from agent.config import FerryConfig
 from agent.ingest.http.app import FerryApp, create_app
@@ -24,6 +23,7 @@ from agent.ingest.http.server import HttpServer
 from agent.ingest.runtime import Phase, Runtime
 from agent.metrics import Registry
 from agent.records import Record
+from tests.buffer.helpers import WAIT, Gate
 
 
 @dataclass
@@ -101,19 +101,6 @@ def start(config: FerryConfig, *, running: bool = True) -> Served:
 
 # -- the buffer writer held, so that requests queue up deterministically --------------------
 
-WAIT = 30.0
-
-
-class Gate:
-    """A commit callback that holds the writer thread until released."""
-
-    def __init__(self) -> None:
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def __call__(self, result: Result) -> None:
-        self.entered.set()
-        assert self.release.wait(WAIT), "gate never released"
 
 
 def hold_writer(served: Served) -> Gate:
