@@ -274,6 +274,13 @@ def storm(cluster: KafkaCluster, fleet: Fleet, jitter: float) -> None:
           f"agents' log lines of refused or failed connects: {failed}")
 
 
+def floor_cpu(cluster: KafkaCluster, seconds: float) -> float:
+    """The brokers' CPU per second of wall time over ``seconds`` with no agent running."""
+    cpu0, t0 = broker_cpu(cluster), time.monotonic()
+    time.sleep(seconds)  # the window measured, not a synchronisation
+    return (broker_cpu(cluster) - cpu0) / (time.monotonic() - t0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--agents", default="1,5,20")
@@ -294,13 +301,12 @@ def main() -> None:
             alo, eo = "fleet-alo", "fleet-eo"
             for topic in (alo, eo):
                 kafka.create_topic(topic, PARTITIONS)
-            cpu0, t0 = broker_cpu(kafka), time.monotonic()
-            time.sleep(args.idle)  # the brokers' own idle CPU: the window measured
-            floor = (broker_cpu(kafka) - cpu0) / (time.monotonic() - t0)
+            floor = floor_cpu(kafka, args.idle)
             print(f"Apache Kafka {args.version}, 3 nodes; brokers' CPU with no agent: "
                   f"{floor:.3f} of a core (all three)")
             print("| agents | window | connections per agent (median / max) | requests/s per "
-                  "agent by API (median / max) | brokers' CPU per agent |")
+                  "agent by API (median / max) | brokers' CPU per agent (no agent before / "
+                  "after) |")
             print("| --- | --- | --- | --- | --- |")
             for n in counts:
                 fleet = Fleet(kafka, root / f"n{n}", n, alo, eo)
@@ -314,9 +320,8 @@ def main() -> None:
                           + " | - |", flush=True)
                     time.sleep(IDLE_CONNECTION_SECONDS + 5)  # the idle period waited out
                     rates, conns, cpu = window(kafka, fleet, args.idle, None)
-                    print(f"| {n} | idle | {median_max([float(c) for c in conns])} | "
-                          + "; ".join(f"{k} {median_max(v)}" for k, v in rates.items())
-                          + f" | {max(0.0, cpu - floor) / n:.4f} |", flush=True)
+                    idle_row = (f"| {n} | idle | {median_max([float(c) for c in conns])} | "
+                                + "; ".join(f"{k} {median_max(v)}" for k, v in rates.items()))
                     if n == args.storm:
                         for jitter in [0.0] + [float(j) for j in args.storm_jitter.split(",")
                                                if j]:
@@ -326,6 +331,13 @@ def main() -> None:
                 finally:
                     for agent in fleet.agents:
                         agent.kill()
+                # The brokers' own CPU drifts (GC, log cleaning): the same window with no
+                # agent before and after, their mean the floor of this N's idle window.
+                after = floor_cpu(kafka, args.idle)
+                print(f"{idle_row} | {(cpu - (floor + after) / 2) / n:+.4f} of a core "
+                      f"({floor:.3f} / {after:.3f} with no agent, {cpu:.3f} with {n}) |",
+                      flush=True)
+                floor = after
 
 
 if __name__ == "__main__":
