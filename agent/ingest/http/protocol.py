@@ -553,6 +553,9 @@ class HttpProtocol(asyncio.Protocol):
             # A transport that hands over bytes after pause_reading(): after the held ones.
             self.rest += data
             return
+        if self.turn is None and len(data) <= STEP_BYTES:
+            self._read(data)  # the common case, _take's first branch without its call
+            return
         self._take(data)
 
     def _take(self, data: bytes) -> None:
