@@ -39,7 +39,7 @@ from agent.metrics import Registry
 from agent.records import Record
 from tests.agent_harness import write_config
 from tests.apache_kafka import KafkaCluster
-from tests.forwarder.zombie import crash_in_a_child, exactly_once_sender
+from tests.forwarder.zombie import crash_in_a_child, exactly_once_sender, stop_sender
 from tests.kafka import ConsumedMessage, read_topic
 from tests.reliability.checker import wait_transactions_settled
 from tests.reliability.harness import Agent, metric_total
@@ -153,7 +153,7 @@ def test_a_successor_aborts_the_zombie_transaction_and_sends_each_message_once(
             wait_until(lambda: sum(s.messages for s in store.topic_stats()) == 0,
                        timeout=60, message="buffer drained by the successor")
         finally:
-            successor.stop(10)
+            stop_sender(successor, 10)
         drained = time.monotonic() - started
         committed = _committed(apache_kafka.bootstrap, topic)
         in_log = _uncommitted(apache_kafka.bootstrap, topic)
@@ -568,7 +568,7 @@ def test_an_end_txn_held_past_the_commit_timeout_lands_late_and_nothing_is_sent_
             wait_until(lambda: sum(s.messages for s in store.topic_stats()) == 0,
                        timeout=120, interval=0.1, message="buffer drained after the restore")
         finally:
-            sender.stop(10)
+            stop_sender(sender, 10)
         drained = time.monotonic() - restored
     finally:
         store.close()

@@ -23,7 +23,7 @@ from agent.buffer.store import Store
 from agent.config import FerryConfig
 from agent.metrics import Registry
 from agent.records import Record
-from tests.forwarder.zombie import N, crash_in_a_child, exactly_once_sender
+from tests.forwarder.zombie import N, crash_in_a_child, exactly_once_sender, stop_sender
 from tests.kafka import Broker, _reader, topic_partitions
 from tests.waiting import wait_until
 
@@ -89,7 +89,7 @@ def test_successor_leaves_each_message_once(tmp_path: Path, broker: Broker, uniq
                        sum(s.messages for s in store.topic_stats()) == 0,
                        timeout=60, message="buffer drained by the successor")
         finally:
-            successor.stop(10)
+            stop_sender(successor, 10)
         records = _read_committed(broker.bootstrap, topic)
         counts = Counter(v for _, _, _, v in records)
         assert sorted(counts) == values, "lost messages"
@@ -140,8 +140,8 @@ def test_a_second_running_agent_with_the_same_identity_fences_the_first_loudly(
         assert ("error", "fenced") in first_reg.view().samples
         assert second_reg.view().total("transactions_fenced") == 0
     finally:
-        first.stop(5)
-        second.stop(5)
+        stop_sender(first, 5)
+        stop_sender(second, 5)
         first_store.close()
         second_store.close()
     values = [v for _, _, _, v in _read_committed(broker.bootstrap, topic)]

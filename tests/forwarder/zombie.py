@@ -35,6 +35,16 @@ def exactly_once_sender(config: FerryConfig, store: Store, registry: Registry) -
                        cluster=cluster, discard_log=DiscardLog(config.buffer.path / "d.jsonl"))
 
 
+def stop_sender(sender: ExactlyOnce, timeout: float) -> None:
+    """Stop ``sender`` and close the cluster ``exactly_once_sender`` built for it (its
+    metadata thread and producer): left open, they stay connected for the rest of the session
+    and another test counting a cluster's connections or requests counts theirs too."""
+    try:
+        sender.stop(timeout)
+    finally:
+        sender.cluster.close(5)
+
+
 def _crashing_producer(point: str, progress_topic: str) -> type[Producer]:
     class Crashing(Producer):  # type: ignore[misc]  # confluent_kafka has no typed subclassing
         def produce(self, topic: str, *args: Any, **kwargs: Any) -> None:
