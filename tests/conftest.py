@@ -6,6 +6,7 @@ fakes, filesystems and artifacts. Add new fixtures under a section header.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
@@ -29,6 +30,39 @@ from tests.kafka import Broker, TcpProxy, free_port, unique_topic_name  # noqa: 
 
 if TYPE_CHECKING:
     from tests.forwarder.fakes import Setup
+
+# --------------------------------------------------------------------------------------------
+# Two parts run at once: dev/test starts one pytest per part (FERRY_TEST_PART)
+# --------------------------------------------------------------------------------------------
+
+# The session's Apache Kafka clusters. The tests on them mostly wait (on brokers, agents and
+# timeouts), so dev/test runs them in one process and everything else in another, at the same
+# time: each costly shared thing (the clusters' JVMs, the SparkSession, the packages' build) is
+# made by one process only, as it would be in one run.
+KAFKA_FIXTURES = frozenset({"kafka_cluster", "apache_kafka", "newest_kafka", "proxied_kafka"})
+PARTS = ("kafka", "rest")
+
+
+def on_apache_kafka(item: pytest.Item) -> bool:
+    """Whether the test uses a session Apache Kafka cluster, or a module that builds its own
+    (it imports ``KafkaCluster``)."""
+    if KAFKA_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    module = getattr(item, "module", None)
+    return module is not None and getattr(module, "KafkaCluster", None) is KafkaCluster
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    part = os.environ.get("FERRY_TEST_PART", "")
+    if not part:
+        return
+    if part not in PARTS:
+        raise pytest.UsageError(f"FERRY_TEST_PART={part!r}: one of {', '.join(PARTS)}")
+    keep = [item for item in items if on_apache_kafka(item) == (part == "kafka")]
+    dropped = [item for item in items if on_apache_kafka(item) != (part == "kafka")]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = keep
 
 # --------------------------------------------------------------------------------------------
 # Kafka: real tansu brokers on 127.0.0.1 (memory storage; a restart empties them)
