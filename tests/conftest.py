@@ -35,18 +35,20 @@ if TYPE_CHECKING:
 # Two parts run at once: dev/test starts one pytest per part (FERRY_TEST_PART)
 # --------------------------------------------------------------------------------------------
 
-# The session's Apache Kafka clusters. The tests on them mostly wait (on brokers, agents and
-# timeouts), so dev/test runs them in one process and everything else in another, at the same
-# time: each costly shared thing (the clusters' JVMs, the SparkSession, the packages' build) is
-# made by one process only, as it would be in one run.
+# The tests on the session's Apache Kafka clusters, and those marked ``waiting`` (outages
+# and crashes on tansu: they wait on agents and timeouts), mostly wait; the rest mostly
+# computes. dev/test runs the two parts in two processes at the same time, each costly shared
+# thing (the clusters' JVMs, the SparkSession, the packages' build) made by one process only.
 KAFKA_FIXTURES = frozenset({"kafka_cluster", "apache_kafka", "newest_kafka", "proxied_kafka"})
-PARTS = ("kafka", "rest")
+PARTS = ("waiting", "rest")
 
 
-def on_apache_kafka(item: pytest.Item) -> bool:
-    """Whether the test uses a session Apache Kafka cluster, or a module that builds its own
-    (it imports ``KafkaCluster``)."""
+def in_waiting_part(item: pytest.Item) -> bool:
+    """Whether the test uses a session Apache Kafka cluster, is in a module that builds its
+    own (it imports ``KafkaCluster``), or is marked ``waiting``."""
     if KAFKA_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    if item.get_closest_marker("waiting") is not None:
         return True
     module = getattr(item, "module", None)
     return module is not None and getattr(module, "KafkaCluster", None) is KafkaCluster
@@ -58,11 +60,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     if part not in PARTS:
         raise pytest.UsageError(f"FERRY_TEST_PART={part!r}: one of {', '.join(PARTS)}")
-    keep = [item for item in items if on_apache_kafka(item) == (part == "kafka")]
-    dropped = [item for item in items if on_apache_kafka(item) != (part == "kafka")]
+    waiting = part == "waiting"
+    keep = [item for item in items if in_waiting_part(item) == waiting]
+    dropped = [item for item in items if in_waiting_part(item) != waiting]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
     items[:] = keep
+
 
 # --------------------------------------------------------------------------------------------
 # Kafka: real tansu brokers on 127.0.0.1 (memory storage; a restart empties them)

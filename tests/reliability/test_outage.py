@@ -25,11 +25,17 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import pytest
+
 from tests.agent_harness import write_config
 from tests.kafka import Broker, ConsumedMessage, TcpProxy, create_topic, read_topic
 from tests.reliability.harness import Agent, metric_total
 from tests.reliability.keyed_load import KeyedSender, http_load, socket_load, tally_of
 from tests.waiting import wait_until
+
+# Mostly waits (on agents, brokers and an outage): run beside the Apache Kafka tests
+# (tests/conftest.py, in_waiting_part).
+pytestmark = pytest.mark.waiting
 
 OUTAGE_SECONDS = float(os.environ.get("FERRY_RELIABILITY_OUTAGE_SECONDS", "30"))
 
