@@ -44,6 +44,18 @@ class HeldTopics:
         self._publish()
         return hold
 
+    def waits(self, topic: str, error: str, detail: str, cluster: str) -> None:
+        """``topic`` waits on something outside it (a broker out of reach): no back-off, as
+        nothing is sent meanwhile; its row says why until its next commit releases it."""
+        stuck = self._stuck.get(topic)
+        if stuck is None:
+            self._stuck[topic] = Stuck(error, cluster, detail, False)
+        elif (stuck.error, stuck.detail) != (error, detail):
+            stuck.again(error, cluster, detail, False)
+        else:
+            return
+        self._publish()
+
     def delivered(self, topics: Iterable[str]) -> None:
         """``topics`` committed: released, their back-off forgotten."""
         if not self._stuck and not self._hold:

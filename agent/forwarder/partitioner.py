@@ -9,6 +9,7 @@ Partition-Key), signalled by ``UNASSIGNED``.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 
 UNASSIGNED = -1  # RD_KAFKA_PARTITION_UA: let librdkafka's partitioner choose
@@ -77,3 +78,24 @@ def choose(layout: TopicLayout | None, partition_key: int | None, hash_key: bool
     if hash_key or layout is None:
         return UNASSIGNED
     return layout.round_robin()
+
+
+def waits_for_reach(layout: TopicLayout | None, partition_key: int | None, hash_key: bool,
+                    key: bytes | None) -> int | None:
+    """The partition a keyed message must go to, when its leader is out of this agent's reach
+    during a partial failure (``layout.reachable``); else None (reachable, keyless: sent
+    round-robin over the reachable ones, or no partial failure).
+
+    A key cannot move, so the message waits for its partition. A PartitionKey message's
+    partition is Bruce's rule; a Kafka key's is librdkafka's default partitioner
+    (``consistent_random``: CRC-32 of the key modulo the partition count, documented in its
+    CONFIGURATION.md). A wrong guess costs time, never order: one key always maps alike."""
+    if layout is None or not layout.reachable:
+        return None
+    if partition_key is not None:
+        partition = layout.for_partition_key(partition_key)
+    elif hash_key and key and layout.partitions:
+        partition = zlib.crc32(key) % len(layout.partitions)
+    else:
+        return None
+    return None if partition in layout.reachable else partition

@@ -18,6 +18,11 @@ once with the same producer: the suspects are then sent alone, each between two 
 the broker's answer is about that message only (isolation.py). One refused alone is
 discarded with Kafka's reason and the transaction done again without it; every other message
 and topic goes on, delayed by one or two transactions.
+
+A broker out of this agent's reach while the rest of the cluster answers (brokers.py): the
+transaction waiting on it is aborted at the commit limit, as certain an outcome, and the next
+ones leave its partitions out; a topic whose next message is keyed for one of them waits at
+that message (docs/design.md, "One broker out of reach").
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from agent.forwarder import eligibility, failures, isolation, producing, timesta
 from agent.forwarder.clusters import Cluster, producer_config
 from agent.forwarder.discard_log import Discard, DiscardLog
 from agent.forwarder.held_topics import HeldTopics
-from agent.forwarder.partitioner import choose
+from agent.forwarder.partitioner import TopicLayout, choose, waits_for_reach
 from agent.forwarder.plain import NOT_PLAIN, plain_values
 from agent.forwarder.progress import (
     HEADER,
@@ -482,8 +487,8 @@ class ExactlyOnce:
 
     def _give_up_timed_out(self, sent: int, acked: int) -> None:
         """The open transaction was not acknowledged or committed within the commit timeout
-        (a quota, a slow cluster): the next one is sized from the rate this one achieved.
-        The producer is then dropped and the buffer reconciled, as after any failure."""
+        (a quota, a slow cluster, a broker out of reach): the next one is sized from the
+        rate this one achieved."""
         now = time.monotonic()
         seconds = now - max(self._started, self._committing)
         self._size.timed_out(sent, acked, seconds, now)
@@ -510,7 +515,10 @@ class ExactlyOnce:
             # A refused batch makes the transaction abortable, and the next produce() may
             # say only that ("Erroneous state") before the refusal's report is served.
             p.flush(STATE_REPORTS_TIMEOUT)
-        if not self._refused_in():
+        # Not in time while a broker is out of reach: its sends never came back. Aborted,
+        # that is as certain an outcome as a refusal's (below).
+        stranded = late and self.cluster.partial()
+        if not self._refused_in() and not stranded:
             return False
         try:
             p.abort_transaction(CALL_TIMEOUT)
@@ -526,7 +534,17 @@ class ExactlyOnce:
             log.warning("exactly-once: transaction aborted (%s); its reports: %s", exc,
                         dict(errors) or "none failed")
             self.registry.inc("transactions_aborted", reason="timed_out" if late else "failed")
-            return False  # aborted for something else: reopen and reconcile, as before
+            if not stranded:
+                return False  # aborted for something else: reopen and reconcile, as before
+            # Nothing to reconcile (that would read partitions the broker out of reach
+            # leads, and wait on it); the transactions keep their size (the sends that did
+            # not return say nothing of the rate the cluster takes). The new producer's epoch
+            # fences whatever of the old one's sends lands late.
+            self._replace_producer()
+            log.warning("exactly-once: a transaction waiting on a broker out of reach (%s) "
+                        "aborted; the next ones leave its partitions out",
+                        self.cluster.unreachable_text())
+            return True
         # librdkafka (2.16) leaves a producer whose transaction had a refused send unable
         # to send in the next one: its sequence numbers want an epoch bump it does not make.
         # A new producer of the same transactional id starts clean; the abort was certain,
@@ -766,9 +784,22 @@ class ExactlyOnce:
         # A transaction begins with the first message sent (a read of discards alone
         # needs none).
         open_ = self._in_transaction
+        # A partial failure (a broker out of this agent's reach): a keyed message whose
+        # partition it leads would hold the whole transaction until the commit limit, every
+        # topic's messages with it. Its topic waits at that message instead (the buffer's
+        # order is what the progress records rest on, so nothing after it goes either);
+        # keyless messages go round-robin over the reachable partitions.
+        partial_failure = layout is not None and bool(layout.reachable)
         for mid, v, flags, ts, pk, key, value in plain_values(values, gen, check_ttl,
                                                               settings.max_message_bytes,
                                                               oldest):
+            if partial_failure:
+                waits = self._waits_for_reach(topic, layout, mid, v, flags, pk, key)
+                if waits is not None:
+                    if window:
+                        self._close_window(p)
+                    self._cursors[topic] = last  # read again from here next time
+                    return sent, True
             suspect = bool(suspects) and mid in suspects
             if suspect and not window:
                 size = window = suspects.open_window(topic)
@@ -837,6 +868,26 @@ class ExactlyOnce:
         if window:
             self._close_window(p)
         return sent, False
+
+    def _waits_for_reach(self, topic: str, layout: TopicLayout | None, mid: bytes, v: bytes,
+                         flags: int, pk: int, key: bytes | None) -> int | None:
+        """The partition this message must wait for (partitioner.waits_for_reach), noted on
+        the topic's row; None when it can go."""
+        if flags == NOT_PLAIN:
+            m = message(topic, mid, v)
+            if not isinstance(m, StoredMessage):
+                return None  # corrupt: the general path discards it
+            r = m.record
+            partition = waits_for_reach(layout, r.partition_key, r.hash_key, r.key)
+        else:
+            partition = waits_for_reach(layout, pk if flags & codec.HAS_PARTITION_KEY else None,
+                                        bool(flags & codec.HASH_KEY), key)
+        if partition is not None:
+            self._held.waits(topic, "BROKER_OUT_OF_REACH",
+                             f"keyed messages wait for partition {partition}, whose leader "
+                             f"this agent cannot reach ({self.cluster.unreachable_text()}); "
+                             "the topic goes on when it answers", CLUSTER)
+        return partition
 
     def _produce(self, p: Producer, m: StoredMessage) -> None:
         r = m.record

@@ -13,16 +13,21 @@ import time
 import uuid
 from pathlib import Path
 
+from confluent_kafka import Producer
+from confluent_kafka.admin import NewTopic
+
 from ferry_client import FerryClient
 from tests.agent_harness import AgentProcess, write_config
 from tests.apache_kafka import KafkaCluster
-from tests.forwarder.apache_delivery import cluster_row, status, tally, values
+from tests.forwarder.apache_delivery import cluster_row, status, tally, topic_row, values
 from tests.reliability.checker import wait_transactions_settled
 from tests.reliability.harness import metric_total
 from tests.waiting import wait_until
 
 OUTAGE_AFTER = 6.0
 MESSAGE_TIMEOUT_MS = 8000
+# The exactly-once case's commit limit: the transaction open at the cut is given up after it.
+COMMIT_TIMEOUT_MS = 8000
 PARTITIONS = 4
 
 
@@ -114,40 +119,85 @@ def test_one_broker_out_of_reach_stops_only_its_partitions(
     assert counted.lost == [], counted
 
 
-def test_exactly_once_with_a_broker_out_of_reach_loses_and_repeats_nothing(
+def _create_led_by(cluster: KafkaCluster, topic: str, replicas: list[int]) -> None:
+    """A compacted one-partition topic (as the progress topic is) whose leader is
+    ``replicas[0]``."""
+    admin = cluster.admin()  # held until the answer: a dropped client ends its requests
+    futures = admin.create_topics([NewTopic(
+        topic, num_partitions=1, replication_factor=-1, replica_assignment=[replicas],
+        config={"cleanup.policy": "compact"})])
+    futures[topic].result(30)
+    wait_until(lambda: cluster.leader(topic) == replicas[0], timeout=30,
+               message=f"{topic} led by node {replicas[0]}")
+
+
+def _identity_coordinated_by(cluster: KafkaCluster, node: int, prefix: str) -> str:
+    """An agent identity whose transactional id's coordinator is ``node``: the
+    ``__transaction_state`` partition of ``ferry-<identity>`` is led by it (made first, by
+    one transactional producer, if no test has yet)."""
+    try:
+        cluster.transaction_coordinator("ferry-any")
+    except LookupError:
+        maker = Producer({"bootstrap.servers": cluster.bootstrap,
+                          "transactional.id": f"{prefix}-maker"})
+        maker.init_transactions(60)
+        maker.flush(0)
+    return next(f"{prefix}-{i}" for i in range(64)
+                if cluster.transaction_coordinator(f"ferry-{prefix}-{i}") == node)
+
+
+def test_exactly_once_with_a_broker_out_of_reach_goes_on_where_it_can_and_loses_nothing(
     tmp_path: Path, proxied_kafka: KafkaCluster
 ) -> None:
-    """The same cut, an exactly-once topic (the cut broker is not its transaction
-    coordinator), AnyPartition and PartitionKey datagrams: the broker is named; across the
-    cut and the restore, read_committed sees each message once. How soon transactions commit again
-    during the cut is printed, not asserted: a progress-group or transaction coordinator on
-    the cut broker stalls them (docs/reliability.md)."""
+    """The same cut, two exactly-once topics (the cut broker is neither their transaction
+    coordinator nor the progress topic's leader): ``keyed`` gets AnyPartition and
+    PartitionKey datagrams, ``free`` AnyPartition only. The transaction open at the cut is
+    aborted at the commit limit (a certain outcome: nothing to reconcile), and the next ones
+    leave the broker's partitions out: ``free`` goes on committing during the cut, routed around it;
+    ``keyed`` waits at its first PartitionKey message for a partition the cut broker leads,
+    and its row says so. Across the cut and the restore read_committed sees each message of
+    both topics once."""
     cluster = proxied_kafka
     run = uuid.uuid4().hex[:8]
-    topic = f"partial-eo-{run}"
-    cluster.create_topic(topic, PARTITIONS)
-    agent_id = f"partial-{run}"
+    keyed, free = f"partial-eo-{run}", f"partial-eo-free-{run}"
+    for topic in (keyed, free):
+        cluster.create_topic(topic, PARTITIONS)
+    # Every transaction needs the transaction coordinator and the progress topic's one
+    # partition: both on the node kept, so the cut one leads only the topics' partitions
+    # (a cut coordinator or progress leader stops every exactly-once topic: the docs say so).
+    keep, cut = sorted(node.node_id for node in cluster.nodes)
+    progress = f"partial-progress-{run}"
+    _create_led_by(cluster, progress, [keep, cut])
+    agent_id = _identity_coordinated_by(cluster, keep, f"partial-{run}")
+    eo = {"delivery": "exactly_once", "acks": "all"}
     config = write_config(
-        tmp_path / "agent", cluster.proxied_bootstrap,
-        topics={topic: {"delivery": "exactly_once", "acks": "all"}},
-        forwarder={"message_timeout_ms": MESSAGE_TIMEOUT_MS, "agent_id": agent_id},
+        tmp_path / "agent", cluster.proxied_bootstrap, topics={keyed: eo, free: eo},
+        forwarder={"message_timeout_ms": MESSAGE_TIMEOUT_MS, "agent_id": agent_id,
+                   "progress_topic": progress,
+                   "transaction_commit_timeout_ms": COMMIT_TIMEOUT_MS},
         outage_after_seconds=OUTAGE_AFTER)
-    sent: list[bytes] = []
+    sent: dict[str, list[bytes]] = {keyed: [], free: []}
     with AgentProcess(config) as agent, FerryClient(agent.socket_path, timeout=30) as client:
 
         def send(n: int) -> None:
             for _ in range(n):
-                value = f"e-{len(sent):06d}".encode()
-                client.send(topic, value, partition_key=len(sent) if len(sent) % 2 else None)
-                sent.append(value)
+                mine = sent[keyed]
+                value = f"e-{len(mine):06d}".encode()
+                # Every other message keyed, the keys going round every partition.
+                client.send(keyed, value,
+                            partition_key=len(mine) // 2 if len(mine) % 2 else None)
+                mine.append(value)
+                value = f"f-{len(sent[free]):06d}".encode()
+                client.send(free, value)
+                sent[free].append(value)
 
         send(100)
-        wait_until(lambda: _delivered(agent, topic) >= 100, timeout=60,
+        wait_until(lambda: min(_delivered(agent, t) for t in sent) >= 100, timeout=60,
                    message="first transactions")
-        coordinator = cluster.transaction_coordinator(f"ferry-{agent_id}")
-        leaders = {p: cluster.leader(topic, p) for p in range(PARTITIONS)}
-        cut = next((n for n in set(leaders.values()) if n != coordinator), None)
-        assert cut is not None, f"the coordinator {coordinator} leads every partition: {leaders}"
+        leaders = {p: cluster.leader(keyed, p) for p in range(PARTITIONS)}
+        assert cut in leaders.values(), leaders
+        assert cluster.transaction_coordinator(f"ferry-{agent_id}") == keep
+        assert cluster.leader(progress) == keep
         proxy = cluster.proxy(cut)
         proxy.blackhole()
         t0 = time.monotonic()
@@ -156,18 +206,37 @@ def test_exactly_once_with_a_broker_out_of_reach_loses_and_repeats_nothing(
                 b["node"] == cut
                 for b in cluster_row(status(agent), "local")["unreachable_brokers"]))[1],
                 timeout=OUTAGE_AFTER + 2, interval=0.25, message=f"broker {cut} named")
-            print(f"named after {time.monotonic() - t0:.1f} s")
-            before = _delivered(agent, topic)
-            end = time.monotonic() + 15
+            named_after = time.monotonic() - t0
+            # The transaction open at the cut ends at the commit limit, aborted; then a new
+            # producer (its first connection may be to the cut broker: up to librdkafka's
+            # 10 s ApiVersion timeout) and ``free`` commits again.
+            before = _delivered(agent, free)
+            resumed_after = None
+            end = time.monotonic() + COMMIT_TIMEOUT_MS / 1000 + 20
             while time.monotonic() < end:
                 send(20)
+                if resumed_after is None and _delivered(agent, free) > before:
+                    resumed_after = time.monotonic() - t0
                 time.sleep(0.2)  # a paced load, not a synchronisation
-            print(f"committed during the cut after it was named: "
-                  f"{_delivered(agent, topic) - before:.0f}")
+            wait_until(lambda: _delivered(agent, free) >= len(sent[free]), timeout=30,
+                       message="every message of the free topic committed during the cut")
+            drained_free = time.monotonic() - t0
+            row = topic_row(status(agent), keyed)
+            assert row is not None and row["stuck"] is not None, row
+            assert row["stuck"]["error"] == "BROKER_OUT_OF_REACH", row["stuck"]
+            keyed_during = _delivered(agent, keyed)
         finally:
             proxy.restore()
+        resumed = f"{resumed_after:.1f}" if resumed_after is not None else "never"
+        print(f"named after {named_after:.1f} s; free: committing again {resumed} s "
+              f"after the cut, all {len(sent[free])} committed {drained_free:.1f} s after it; "
+              f"keyed: {keyed_during:.0f} of {len(sent[keyed])} committed before the restore")
         wait_until(lambda: agent.buffered() == {}, timeout=120, message="drained after restore")
-    wait_transactions_settled(cluster.bootstrap, topic)
-    counted = tally(sent, values(cluster.bootstrap, topic, read_committed=True))
-    print(counted)
-    assert counted.lost == [] and counted.duplicated == {}, counted
+        # Released by its next commit; the status reads it from the forwarder's snapshot.
+        wait_until(lambda: topic_row(status(agent), keyed)["stuck"] is None,  # type: ignore[index]
+                   timeout=10, message="the keyed topic's row released")
+    for topic, mine in sent.items():
+        wait_transactions_settled(cluster.bootstrap, topic)
+        counted = tally(mine, values(cluster.bootstrap, topic, read_committed=True))
+        print(topic, counted)
+        assert counted.lost == [] and counted.duplicated == {}, counted

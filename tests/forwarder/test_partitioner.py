@@ -8,13 +8,15 @@ AnyPartition: round-robin over the partitions that have a leader.
 
 from __future__ import annotations
 
+import zlib
 from collections import Counter
 
 import pytest
+from confluent_kafka import KafkaError, Message, Producer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.forwarder.partitioner import UNASSIGNED, TopicLayout, choose
+from agent.forwarder.partitioner import UNASSIGNED, TopicLayout, choose, waits_for_reach
 
 
 def layout(partitions: tuple[int, ...], available: tuple[int, ...] | None = None) -> TopicLayout:
@@ -163,3 +165,58 @@ def test_partitions_led_by_a_broker_out_of_reach_are_routed_around() -> None:
     bare = TopicLayout((0, 1), (0, 1))
     bare.route_around(frozenset({1}))
     assert bare.available == (0, 1) and bare.reachable == ()
+
+
+# -- A partial failure: keyed messages wait for their partition ---------------------------------
+
+
+def cut_off(unreachable: frozenset[int]) -> TopicLayout:
+    """Partitions 0-3, led by brokers 1, 2, 1, 2; ``unreachable`` out of the agent's reach."""
+    topic = TopicLayout((0, 1, 2, 3), (0, 1, 2, 3), leaders=(1, 2, 1, 2))
+    topic.route_around(unreachable)
+    return topic
+
+
+def test_a_keyed_message_waits_for_a_partition_led_by_a_broker_out_of_reach() -> None:
+    topic = cut_off(frozenset({2}))
+    assert topic.reachable == (0, 2)
+    assert [waits_for_reach(topic, k, False, None) for k in range(4)] == [None, 1, None, 3]
+    # A Kafka key goes where librdkafka's default partitioner puts it: CRC-32 modulo 4.
+    waiting = {k: waits_for_reach(topic, None, True, k)
+               for k in (b"k%d" % i for i in range(40))}
+    assert waiting == {k: None if zlib.crc32(k) % 4 in (0, 2) else zlib.crc32(k) % 4
+                       for k in waiting}
+    # Keyless messages go round-robin over the reachable partitions: they never wait.
+    assert waits_for_reach(topic, None, False, None) is None
+    assert {topic.round_robin() for _ in range(8)} == {0, 2}
+
+
+def test_nothing_waits_without_a_partial_failure() -> None:
+    for topic in (cut_off(frozenset()), None):
+        assert waits_for_reach(topic, 1, False, None) is None
+        assert waits_for_reach(topic, None, True, b"k") is None
+
+
+def test_a_kafka_keys_partition_is_the_one_librdkafkas_default_partitioner_picks() -> None:
+    """The CRC-32 rule waits_for_reach assumes, checked against librdkafka itself: a producer
+    on its built-in mock cluster (``test.mock.num.brokers``, in this process, no network
+    beyond loopback), 200 keys, each key's partition as its delivery report says."""
+    partitions: dict[bytes, int] = {}
+
+    def report(err: KafkaError | None, msg: Message) -> None:
+        assert err is None, err
+        partitions[msg.key()] = msg.partition()
+
+    producer = Producer({"test.mock.num.brokers": 1, "log_level": 3})
+    try:
+        producer.produce("keys", b"v", b"first", on_delivery=report)
+        assert producer.flush(10) == 0
+        n = len(producer.list_topics("keys", timeout=10).topics["keys"].partitions)
+        assert n > 1
+        keys = [b"key-%d" % i for i in range(200)]
+        for key in keys:
+            producer.produce("keys", b"v", key, on_delivery=report)
+        assert producer.flush(10) == 0
+    finally:
+        producer.flush(0)
+    assert {k: partitions[k] for k in keys} == {k: zlib.crc32(k) % n for k in keys}

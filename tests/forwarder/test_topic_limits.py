@@ -43,3 +43,16 @@ def test_a_held_topic_waits_doubling_and_is_released_by_a_commit() -> None:
     assert held.view["t"]["failures"] == 9 and held.view["t"]["operator"] is True
     held.delivered(["t"])
     assert held.view == {} and not held.waiting("t", time.monotonic())
+
+
+def test_a_topic_waiting_for_a_broker_is_named_without_a_back_off_until_it_commits() -> None:
+    held = HeldTopics()
+    for _ in range(3):  # each transaction that meets it again: one row, not counted again
+        held.waits("t", "BROKER_OUT_OF_REACH", "partition 1 waits", "local")
+    assert not held.waiting("t", time.monotonic())  # read again at the next transaction
+    assert held.view["t"]["error"] == "BROKER_OUT_OF_REACH"
+    assert held.view["t"]["operator"] is False and held.view["t"]["failures"] == 1
+    held.waits("t", "BROKER_OUT_OF_REACH", "partition 3 waits", "local")
+    assert held.view["t"]["detail"] == "partition 3 waits"
+    held.delivered(["t"])
+    assert held.view == {}
