@@ -36,7 +36,7 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, assert_never
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
@@ -44,7 +44,8 @@ from watchdog.observers import Observer
 from agent import reasons
 from agent.buffer import codec
 from agent.buffer.codec import encode_spool_block
-from agent.buffer.committer import ShuttingDown
+from agent.buffer.committer import Result, ShuttingDown
+from agent.buffer.refusals import Refusal
 from agent.buffer.store import BufferFull, BufferUnavailable, InvalidGroup
 from agent.buffer.weight import RECORD_OVERHEAD_BYTES
 from agent.ingest import kafka_limits
@@ -444,7 +445,7 @@ class SpoolIntake:
         committed stays committed, with its progress)."""
         batches = _bulk_batches(reader, start, self.store.generations(), max_batch_bytes,
                                 screen)
-        in_flight: tuple[Future[BaseException | None], list[_Run], dict[bytes, bytes],
+        in_flight: tuple[Future[Refusal | None], list[_Run], dict[bytes, bytes],
                          list[_Refused]] | None
         in_flight = None
         try:
@@ -476,7 +477,7 @@ class SpoolIntake:
                 if stored.exception() is None and stored.result() is None:
                     screen.count(self.registry, in_flight[3])
 
-    def _store_runs(self, runs: list[_Run], puts: dict[bytes, bytes]) -> BaseException | None:
+    def _store_runs(self, runs: list[_Run], puts: dict[bytes, bytes]) -> Refusal | None:
         """One batch and its progress in one durable transaction; None once stored, or why
         it was refused. Counts what the committer counts for other groups."""
         registry = self.registry
@@ -504,7 +505,7 @@ class SpoolIntake:
         return None
 
     def _settle_bulk(
-        self, pending: Future[BaseException | None], runs: list[_Run], puts: dict[bytes, bytes]
+        self, pending: Future[Refusal | None], runs: list[_Run], puts: dict[bytes, bytes]
     ) -> bool:
         """Wait for a batch handed to the commit thread; if it was refused, commit it again
         until it is in."""
@@ -542,28 +543,37 @@ class SpoolIntake:
     def _settle(self, pending: _Pending, batch: list[Record], puts: dict[bytes, bytes]) -> bool:
         """Wait for a submitted batch; if it was refused, commit it again until it is in."""
         pending.event.wait()
-        if isinstance(pending.result, list):
-            return True
-        if isinstance(pending.result, InvalidGroup):
-            # Refused for good, and already counted by the committer: committing it again
-            # would only count its records a second time.
-            raise _Unstorable(str(pending.result))
-        return self._commit(batch, puts)
+        match pending.result:
+            case list():
+                return True
+            case InvalidGroup() as refused:
+                # Refused for good, and already counted by the committer: committing it
+                # again would only count its records a second time.
+                raise _Unstorable(str(refused))
+            case BufferFull() | BufferUnavailable():
+                return self._commit(batch, puts)
+            case None:
+                raise AssertionError("the writer set no result")
+            case _:
+                assert_never(pending.result)
 
     def _commit(self, batch: list[Record], puts: dict[bytes, bytes]) -> bool:
         """Commit one batch with its progress; waits while the buffer is full."""
         while not self._stop.is_set():
             result = self.committer.commit(batch, Source.SPOOL, state_puts=puts)
-            if isinstance(result, list):
-                self._pause.ended()
-                return True
-            if isinstance(result, InvalidGroup):
-                raise _Unstorable(str(result))  # counted (reason invalid) by the committer
-            if isinstance(result, BufferFull | BufferUnavailable):
-                # Intake pauses; the file waits on disk, its progress intact.
-                self._pause.refused(result)
-                self._stop.wait(0.5)
-                continue
+            match result:
+                case list():
+                    self._pause.ended()
+                    return True
+                case InvalidGroup():
+                    # Counted (reason unencodable) by the committer.
+                    raise _Unstorable(str(result))
+                case BufferFull() | BufferUnavailable():
+                    # Intake pauses; the file waits on disk, its progress intact.
+                    self._pause.refused(result)
+                    self._stop.wait(0.5)
+                case _:
+                    assert_never(result)
         return False
 
     def _finish(self, root: Path, path: Path, key: bytes | None) -> bool:
@@ -680,16 +690,16 @@ class _Pause:
         self.since: float | None = None
         self.attempts = 0
 
-    def refused(self, why: BaseException) -> None:
+    def refused(self, why: Refusal) -> None:
         self.attempts += 1
-        reason = getattr(why, "reason", reasons.BUFFER_FULL)
+        reason = why.reason
         self.registry.inc("spool_batches_deferred", reason=reason)
         if self.since is None:
             self.since = time.monotonic()
             self.registry.set("spool_intake_paused", 1.0)
             log.warning("spool intake paused: the buffer refused a batch (%s: %s); the file "
                         "waits on disk with its progress, and is retried every 0.5 s",
-                        getattr(why, "reason", reasons.BUFFER_FULL), why)
+                        reason, why)
 
     def ended(self) -> None:
         if self.since is not None:
@@ -747,9 +757,9 @@ class _Pending:
 
     def __init__(self) -> None:
         self.event = threading.Event()
-        self.result: object = None
+        self.result: Result | None = None  # set before ``event``
 
-    def done(self, result: object) -> None:
+    def done(self, result: Result) -> None:
         self.result = result
         self.event.set()
 

@@ -21,13 +21,14 @@ import functools
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from enum import Enum, auto
+from typing import Any, assert_never
 
 from agent import reasons
 from agent.buffer import keys
-from agent.buffer.committer import ShuttingDown
+from agent.buffer.committer import Result, ShuttingDown
 from agent.buffer.store import BufferFull, BufferUnavailable, InvalidGroup
 from agent.config import TopicConfig
 from agent.ingest import kafka_limits
@@ -124,7 +125,7 @@ class Publisher:
         self._watcher: DeliveryWatcher | None = None
         self._inflight: dict[bytes, asyncio.Future[None]] = {}
         # Requests of this loop iteration waiting to be handed to the writer together.
-        self._queue: list[tuple[list[Record], _Derive | None, Callable[[Any], None]]] = []
+        self._queue: list[tuple[list[Record], _Derive | None, _Done]] = []
         # Direct publishes on callbacks, and on tasks (held here: the loop keeps only weak
         # references to tasks), not answered yet.
         self._direct_pending = 0
@@ -320,7 +321,7 @@ class Publisher:
         neither, so the server waits for this to reach 0 too (its answer is counted)."""
         return self._direct_pending + len(self._tasks)
 
-    def _committed(self, request: _Request, n: int, reply: Reply, result: Any) -> None:
+    def _committed(self, request: _Request, n: int, reply: Reply, result: Written) -> None:
         """On the loop: the writer's result for a direct publish; answer it."""
         self._direct_pending -= 1
         try:
@@ -332,7 +333,8 @@ class Publisher:
         self.counters.add_key(_REQUESTS[request.batch][status])
         reply(status, headers, body)
 
-    def _committed_wait(self, request: _Request, n: int, reply: Reply, result: Any) -> None:
+    def _committed_wait(self, request: _Request, n: int, reply: Reply, result: Written
+                        ) -> None:
         """On the loop: stored; now wait for Kafka's acknowledgement (up to the topic's
         ack_timeout_ms), then answer 201 or 202."""
         try:
@@ -655,12 +657,11 @@ class Publisher:
             self._bind()
             loop = self._loop
             assert loop is not None
-        future: asyncio.Future[Any] = loop.create_future()
+        future: asyncio.Future[Written] = loop.create_future()
         self._enqueue(records, derive, functools.partial(_set_result, future))
         return _ids(await future, len(records))
 
-    def _enqueue(self, records: list[Record], derive: _Derive | None,
-                 done: Callable[[Any], None]) -> None:
+    def _enqueue(self, records: list[Record], derive: _Derive | None, done: _Done) -> None:
         """Queue ``records`` for this loop iteration's hand-over; ``done(result)`` on the loop
         once the writer is done with them.
 
@@ -686,14 +687,14 @@ class Publisher:
                 [(records, derive) for records, derive, _ in queue], Source.HTTP,
                 functools.partial(bridge.post, functools.partial(_resolve, dones)))
         except ShuttingDown:
-            _resolve(dones, [_CLOSING] * len(dones))
+            _resolve(dones, [NotHanded.CLOSING] * len(dones))
             return
         except Exception:  # noqa: BLE001 - a bug: answer 500 rather than leave them hanging
             log.exception("handing %d requests to the buffer writer failed", len(dones))
-            _resolve(dones, [_FAILED] * len(dones))
+            _resolve(dones, [NotHanded.FAILED] * len(dones))
             return
         if not queued:
-            _resolve(dones, [_OVERLOADED] * len(dones))
+            _resolve(dones, [NotHanded.OVERLOADED] * len(dones))
         if self.idempotency.enabled and self.idempotency.prune_due():
             # Expired Idempotency-Keys leave the state database a minute's worth at a time,
             # off the loop (they are disk writes); at most once per PRUNE_INTERVAL.
@@ -775,18 +776,29 @@ def header_pairs(headers: Headers) -> list[tuple[bytes, bytes]]:
 # (a stored publish's, never ``connection``: rendering them once is a tenth of the answer).
 Headers = list[tuple[bytes, bytes]] | bytes
 _Derive = Callable[[list[bytes]], dict[bytes, bytes]]
-# Hand-over outcomes that are not the writer's: its queue was full, it is closed, or the
-# hand-over itself failed (a bug; answered 500).
-_OVERLOADED = object()
-_CLOSING = object()
-_FAILED = object()
+
+
+class NotHanded(Enum):
+    """Why a publish's records never reached the writer: its queue was full, it is closed,
+    or the hand-over itself failed (a bug; answered 500)."""
+
+    OVERLOADED = auto()
+    CLOSING = auto()
+    FAILED = auto()
+
+
+# What a publish learns of its records: the writer's ``Result`` (their ids, or the buffer's
+# refusal), or why they never reached the writer. ``_ids`` matches every case.
+Written = Result | NotHanded
+# Called on the loop with that, once known.
+_Done = Callable[[Written], None]
 # An answer (status, headers, body), and how many messages it counts as received.
 _Outcome = tuple[int, Headers, bytes, int]
 # How the server sends a direct publish's answer: reply(status, headers, body).
 Reply = Callable[[int, Headers, bytes], None]
 
 
-def _resolve(dones: list[Callable[[Any], None]], results: list[Any]) -> None:
+def _resolve(dones: Sequence[_Done], results: Sequence[Written]) -> None:
     """On the loop: answer the requests of one hand-over."""
     for done, result in zip(dones, results, strict=True):
         try:
@@ -795,39 +807,41 @@ def _resolve(dones: list[Callable[[Any], None]], results: list[Any]) -> None:
             log.exception("answering a publish failed")
 
 
-def _set_result(future: asyncio.Future[Any], result: Any) -> None:
+def _set_result(future: asyncio.Future[Written], result: Written) -> None:
     if not future.done():
         future.set_result(result)
 
 
-def _ids(result: Any, n: int) -> list[bytes]:
+def _ids(result: Written, n: int) -> list[bytes]:
     """The ids of a stored group, from the writer's ``result``; a refusal raises HttpError."""
-    if isinstance(result, list):
-        return result
-    if result is _OVERLOADED:
-        raise HttpError(503, reasons.OVERLOADED,
-                        "Ferry's buffer writer is behind; nothing was stored. Retry later.",
-                        reason=reasons.OVERLOADED, retry_after=RETRY_BUSY, count=n)
-    if result is _CLOSING:
-        raise _not_accepting(Phase.STOPPING, count=n)
-    if isinstance(result, InvalidGroup):
-        # Counted by the committer (reason unencodable). The checks above should make this
-        # impossible; if a record still cannot be encoded, it is the client's input.
-        raise HttpError(400, result.reason, f"the message cannot be stored: {result}",
-                        count=n)
-    if isinstance(result, BufferFull):
-        # Counted by the committer (messages_rejected reason buffer_full, or disk_full when
-        # the filesystem is what is full: store.DiskFull).
-        raise HttpError(503, result.reason,
-                        f"Ferry's buffer is full; nothing was stored: {result}",
-                        retry_after=RETRY_FULL, count=n)
-    if isinstance(result, BufferUnavailable):
-        raise HttpError(503, result.reason,
-                        f"Ferry's buffer cannot store messages; nothing was stored: {result}",
-                        retry_after=RETRY_FULL, count=n)
-    if result is _FAILED:
-        raise RuntimeError("handing the request to the buffer writer failed")
-    raise AssertionError(f"unexpected commit result {result!r}")
+    match result:
+        case list():
+            return result
+        case InvalidGroup():
+            # Counted by the committer (reason unencodable). The checks above should make
+            # this impossible; if a record still cannot be encoded, it is the client's input.
+            raise HttpError(400, result.reason, f"the message cannot be stored: {result}",
+                            count=n)
+        case BufferFull():
+            # Counted by the committer (messages_rejected reason buffer_full, or disk_full
+            # when the filesystem is what is full: store.DiskFull).
+            raise HttpError(503, result.reason,
+                            f"Ferry's buffer is full; nothing was stored: {result}",
+                            retry_after=RETRY_FULL, count=n)
+        case BufferUnavailable():
+            raise HttpError(503, result.reason,
+                            "Ferry's buffer cannot store messages; nothing was stored: "
+                            f"{result}", retry_after=RETRY_FULL, count=n)
+        case NotHanded.OVERLOADED:
+            raise HttpError(503, reasons.OVERLOADED,
+                            "Ferry's buffer writer is behind; nothing was stored. Retry later.",
+                            reason=reasons.OVERLOADED, retry_after=RETRY_BUSY, count=n)
+        case NotHanded.CLOSING:
+            raise _not_accepting(Phase.STOPPING, count=n)
+        case NotHanded.FAILED:
+            raise RuntimeError("handing the request to the buffer writer failed")
+        case _:
+            assert_never(result)
 
 
 class Cut:
