@@ -466,3 +466,21 @@ def test_the_body_deadline_skips_the_time_the_server_is_behind(
     assert took > 0.1, f"the server was not behind: answered in {took:.2f} s"
     assert [len(m.record.value) for m in served.messages("behind")] == [100_000]
 
+
+def test_an_answered_publish_leaves_nothing_of_its_body_in_memory(served: Served) -> None:
+    """Found by the resource-bound harness (test_resource_bounds.py): the buffer writer kept
+    its last commit's groups while it waited for the next, and with them the publishes'
+    callbacks, so each request's connection, parser and body stayed in memory until another
+    commit came (a 16 MiB batch, twice: its body and its records)."""
+    body = b"\n".join(b"line-%d" % i for i in range(1000))
+    answer = _exchange(served, b"POST /topics/kept/batch HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                       b"application/x-ndjson\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    assert raw.status(answer) == 202, answer[:300]
+    wait_until(lambda: not served.server.connections.open, timeout=WAIT,
+               message="the connection closed")
+
+    def kept() -> int:
+        gc.collect()
+        return sum(obj.size for obj in gc.get_objects() if type(obj) is Request and obj.parts)
+
+    wait_until(lambda: kept() == 0, timeout=WAIT, message="the body no longer in memory")
