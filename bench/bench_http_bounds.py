@@ -17,8 +17,11 @@ Ferry's alone). The same four properties, measured from outside the server proce
   connection), plus 0.2 s (the clock's ticks are 10 ms);
 - fds: the process's sockets back to their idle count within the longest deadline, the
   write deadline and 10 s after the client's last action, whoever closed;
-- trailers: answers as the headers call for, stored key, Kafka headers and partition key
-  as the headers said, no topic created by a token in a trailer.
+- trailers: stored key, Kafka headers and partition key as the headers said, no replay
+  and no topic created by a trailer's Idempotency-Key or token;
+- answers (beside the issue's four): statuses as the headers and bodies call for (granian's
+  RSGI adapter answers 404 to the status and management routes: it does not serve them),
+  every accepted message stored as sent.
 
 A client that stops reading here cannot shrink the server's kernel buffer (the test does,
 in process): its answers fit, so it shows whether idle connections are closed, not the write
@@ -64,7 +67,7 @@ RELEASE = max(HEADER_TIMEOUT, BODY_TIMEOUT, KEEP_ALIVE, LINGER) + WRITE_TIMEOUT 
 RSS_GROWTH_MIB = (64 * 1024 * 1024 + 16 * LIMIT) / 1024 / 1024
 CPU_FACTOR = 5.0
 CPU_FLOOR = 0.2
-PROPERTIES = ("mem", "cpu", "fds", "trailers")
+PROPERTIES = ("mem", "cpu", "fds", "trailers", "answers")
 SECTIONS: dict[str, Any] = {
     "http": {"management_token": streams.TOKEN, "header_allowlist": [streams.TRACE],
              "max_batch_bytes": PROFILE.batch_bytes, "max_header_bytes": PROFILE.header_bytes,
@@ -162,16 +165,17 @@ def run_stream(target: Target, stream: streams.Stream,
                             + per_connection) + CPU_FLOOR
     growth = sampler.rss - rss0
     try:
-        faults = streams.judge(stream, played, target.stored_full(stream.topic),
-                               lambda name: _exists(target, name))
+        verdict = streams.judge(stream, played, target.stored_full(stream.topic),
+                                lambda name: _exists(target, name))
     except (OSError, EOFError) as exc:
-        faults = [f"could not judge: {exc!r}"]
+        verdict = streams.Verdict(answers=[f"could not judge: {exc!r}"])
     return {"server": target.candidate, "seed": stream.seed, "conn": stream.index,
             "what": stream.describe(), "bytes": size, "mem": growth < RSS_GROWTH_MIB,
             "rss_mib": round(growth, 1), "cpu": cpu <= allowed, "cpu_s": round(cpu, 3),
             "cpu_allowed_s": round(allowed, 3), "fds": settled is not None,
             "released_s": None if released is None else round(released, 2),
-            "trailers": not faults, "faults": faults, "client": played.error}
+            "trailers": not verdict.trailers, "answers": not verdict.answers,
+            "faults": verdict.all(), "client": played.error}
 
 
 def main() -> None:

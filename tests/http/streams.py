@@ -410,25 +410,42 @@ def status(answer: bytes) -> int | None:
 Stored = list[tuple[bytes | None, bytes, list[tuple[str, bytes]], int | None]]
 
 
+@dataclass
+class Verdict:
+    """What ``judge`` found: ``trailers``, a trailer acting as a header (a stored key, Kafka
+    header or partition key, an idempotent replay, or a topic created, that the headers did
+    not call for); ``answers``, answers other than the headers and bodies call for (a wrong
+    status, answers missing, or a message stored unlike its request or not at all)."""
+
+    trailers: list[str] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
+
+    def all(self) -> list[str]:
+        return [*self.trailers, *self.answers]
+
+
 def judge(stream: Stream, played: Played, stored: Stored,
-          exists: Callable[[str], bool]) -> list[str]:
+          exists: Callable[[str], bool]) -> Verdict:
     """What the server did against what the headers say: statuses of the answers read, the
     stored messages (key, Kafka headers, no partition from a trailer, nothing from a refused
     request, everything of an accepted one), management by a token in a trailer refused.
     ``stored`` is the stream's topic: (key, value, headers, partition key) in order."""
-    faults = []
+    trailers: list[str] = []
+    answers: list[str] = []
     sent = stream.whole()
     for request, answer in zip(sent, played.answers, strict=False):
         got = status(answer)
         if got != request.expect and not (request.expect == 202 and got in (200, 201)):
-            faults.append(f"{request.what}: answered {got}, expected {request.expect}: "
-                          f"{answer[:200]!r}")
+            wrong = trailers if request.kind == "manage" and got is not None and got < 300 \
+                else answers
+            wrong.append(f"{request.what}: answered {got}, expected {request.expect}: "
+                         f"{answer[:200]!r}")
         if request.kind != "ping" and b"idempotent-replayed" in answer.lower():
-            faults.append(f"{request.what}: answered as a replay")
+            trailers.append(f"{request.what}: answered as a replay")
     if (stream.ending in ("read-close", "read-idle")
             and len(played.answers) < _expected_answers(stream)):
-        faults.append(f"{len(played.answers)} answers of {_expected_answers(stream)} "
-                      f"({played.error or 'closed'})")
+        answers.append(f"{len(played.answers)} answers of {_expected_answers(stream)} "
+                       f"({played.error or 'closed'})")
     by_marker: dict[bytes, Sent] = {}
     for request in stream.requests:
         for value in request.values:
@@ -436,24 +453,26 @@ def judge(stream: Stream, played: Played, stored: Stored,
     for key, value, headers, partition in stored:
         owner = by_marker.get(value)
         if owner is None:
-            faults.append(f"stored a value no request sent as such: {value[:60]!r}")
+            answers.append(f"stored a value no request sent as such: {value[:60]!r}")
             continue
         if key != owner.key:
-            faults.append(f"{owner.what}: stored with key {key!r:.80}, its header said "
-                          f"{owner.key!r}")
+            trailers.append(f"{owner.what}: stored with key {key!r:.80}, its header said "
+                            f"{owner.key!r}")
         want = [(TRACE, owner.trace)] if owner.trace is not None else []
         if [(n.lower(), v) for n, v in headers] != [(n.lower(), v) for n, v in want]:
-            faults.append(f"{owner.what}: stored with Kafka headers {headers!r:.120}, its "
-                          f"headers said {want!r}")
+            trailers.append(f"{owner.what}: stored with Kafka headers {headers!r:.120}, its "
+                            f"headers said {want!r}")
         if partition is not None:
-            faults.append(f"{owner.what}: stored with partition key {partition} (a trailer)")
+            trailers.append(f"{owner.what}: stored with partition key {partition} "
+                            "(a trailer)")
     values = [v for _, v, _, _ in stored]
     for request, answer in zip(sent, played.answers, strict=False):
         got = status(answer)
         mine = [v for v in values if by_marker.get(v) is request]
         if got is not None and got < 300 and request.values and mine != request.values:
-            faults.append(f"{request.what}: answered {got} but not stored as sent")
+            answers.append(f"{request.what}: answered {got} but not stored as sent")
     for request in stream.requests:
         if request.kind == "manage" and exists(request.topic):
-            faults.append(f"topic {request.topic!r} created by a token in a trailer")
-    return sorted(set(faults), key=faults.index)[:20]
+            trailers.append(f"topic {request.topic!r} created by a token in a trailer")
+    return Verdict(sorted(set(trailers), key=trailers.index)[:20],
+                   sorted(set(answers), key=answers.index)[:20])

@@ -239,9 +239,9 @@ def test_every_connection_of_a_seed_stays_within_its_bounds(
                        [(n, bytes(v)) for n, v in m.record.headers or ()],
                        m.record.partition_key)
                       for m in served.messages(stream.topic)]
-            faults = streams.judge(stream, played, stored, lambda name: served.client.get(
+            verdict = streams.judge(stream, played, stored, lambda name: served.client.get(
                 f"/topics/{name}").status_code != 404)
-            assert not faults, f"{where}:\n" + "\n".join(faults)
+            assert not verdict.all(), f"{where}:\n" + "\n".join(verdict.all())
         gc.collect()
         left = _live_bodies()
         assert left == 0, f"{left} body bytes still in memory after seed {seed} {replay}"
