@@ -285,6 +285,8 @@ def streams(seed: int, profile: Profile = Profile(), connections: int = 4) -> li
             size = min(left, rng.choice((1, 7, 100, 1460, 16384, 65536, data_size)))
             pieces.append(size)
             left -= size
+        if left > 0:
+            pieces.append(left)
         out.append(Stream(seed, index, topic, requests, ending, cut, pieces))
     return out
 

@@ -27,7 +27,7 @@ and for each:
 
 The fixed seeds run every time; one more comes from ``FERRY_HTTP_SEED`` or the clock, and is
 in the test's id and every failure message: ``FERRY_HTTP_SEED=<n> pytest
-tests/http/test_resource_bounds.py`` replays it.
+tests/http/test_resource_bounds.py -k random`` replays it (any seed, a fixed one too).
 """
 
 from __future__ import annotations
@@ -200,7 +200,8 @@ def _live_bodies() -> int:
 def test_every_connection_of_a_seed_stays_within_its_bounds(
     seed: int, baseline: Baseline, tmp_path: Path
 ) -> None:
-    replay = f"(replay: FERRY_HTTP_SEED={seed} pytest tests/http/test_resource_bounds.py)"
+    replay = (f"(replay: FERRY_HTTP_SEED={seed} pytest tests/http/test_resource_bounds.py "
+              "-k random)")
     print(f"FERRY_HTTP_SEED={seed}; CPU baseline {baseline!r}")
     served, budget = _serve(tmp_path)
     try:
