@@ -335,6 +335,9 @@ class Committer:
             if taken is None:
                 return
             self._commit(taken)
+            # Not kept while waiting for the next: the groups' records and callbacks (an
+            # HTTP publish's, with its connection and body) would stay in memory until then.
+            del taken
 
     def _commit(self, taken: list[_Submission]) -> None:
         states = [StateChange(s.state_puts or {}, s.state_deletes, s.derive)
