@@ -75,9 +75,10 @@ N2_LIMIT = WRITE_DEADLINE + 50.0
 
 # -- the server side (a process per candidate) ----------------------------------------------
 def server_main(candidate: str, root: str, port: int, tls: tuple[str, str] | None,
-                conn: Connection) -> None:
+                conn: Connection, sections: dict[str, Any] | None = None) -> None:
     """Serve ``candidate`` on ``port`` (HTTPS there when ``tls``); answer the parent's
-    questions about the buffer until told to stop."""
+    questions about the buffer until told to stop. ``sections``: config sections merged
+    over these (bench_http_bounds.py's limits and deadlines)."""
     from agent.buffer.committer import Committer
     from agent.buffer.store import Store
     from agent.ingest.runtime import Phase, Runtime
@@ -92,7 +93,9 @@ def server_main(candidate: str, root: str, port: int, tls: tuple[str, str] | Non
         served = free_port()
         http.update(listen=f"127.0.0.1:{free_port()}", tls_listen=f"127.0.0.1:{served}",
                     tls_cert_file=tls[0], tls_key_file=tls[1])
-    cfg = make_config(Path(root), http=http)
+    extra = dict(sections or {})
+    http.update(extra.pop("http", {}))
+    cfg = make_config(Path(root), http=http, **extra)
     store = Store(cfg.buffer.path, cfg.buffer.max_bytes)
     registry = Registry()
     committer = Committer(store, registry=registry)
@@ -116,8 +119,12 @@ def server_main(candidate: str, root: str, port: int, tls: tuple[str, str] | Non
     runtime.set_phase(Phase.RUNNING)
     conn.send(served)
     while (command := conn.recv()) != "stop":
-        out = store.read(command, None, 100_000)
-        conn.send([(m.record.key, m.record.value, list(m.record.headers or ()))
+        # A topic: (key, value, headers) of its messages; (topic, True): with the
+        # partition key as well.
+        topic, full = command if isinstance(command, tuple) else (command, False)
+        out = store.read(topic, None, 100_000)
+        conn.send([(m.record.key, m.record.value, list(m.record.headers or ()),
+                    *((m.record.partition_key,) if full else ()))
                    for m in out if hasattr(m, "record")])
     stage.stop(5.0)
     committer.close()
@@ -135,6 +142,12 @@ class Target:
 
     def stored(self, topic: str) -> list[tuple[bytes | None, bytes, list[Any]]]:
         self.pipe.send(topic)
+        return self.pipe.recv()  # type: ignore[no-any-return]
+
+    def stored_full(self, topic: str) -> list[tuple[bytes | None, bytes, list[Any],
+                                                    int | None]]:
+        """(key, value, headers, partition key) of ``topic``'s messages."""
+        self.pipe.send((topic, True))
         return self.pipe.recv()  # type: ignore[no-any-return]
 
     def connect(self, timeout: float = WAIT) -> socket.socket:
@@ -560,12 +573,14 @@ GROWTH_MIB = 200.0  # the issue's bound for N5, and N6's
 
 
 # -- the run -----------------------------------------------------------------------------------
-def start(ctx: Any, candidate: str, root: Path, tls: tuple[str, str] | None) -> Target:
+def start(ctx: Any, candidate: str, root: Path, tls: tuple[str, str] | None,
+          sections: dict[str, Any] | None = None) -> Target:
     from tests.kafka import free_port
 
     parent, child = ctx.Pipe()
     port = free_port()
-    proc = ctx.Process(target=server_main, args=(candidate, str(root), port, tls, child),
+    proc = ctx.Process(target=server_main,
+                       args=(candidate, str(root), port, tls, child, sections),
                        name=f"audit-{candidate}")
     proc.start()
     served = parent.recv()

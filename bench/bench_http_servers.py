@@ -11,7 +11,7 @@ forwarder process, one tansu broker for all), differing only in its HTTP stage:
 - ``ferry``: today's front door (``HttpServer``: protocol.py over httptools, on uvloop), as
   ``ferry run`` starts it;
 - ``granian-rsgi``: granian's embedded server on the agent's own uvloop thread, an RSGI
-  adapter handing each publish to ``Publisher.direct`` (bench/http_candidates/);
+  adapter handing each publish to ``Publisher.publish`` (bench/http_candidates/);
 - ``granian-asgi``: the same server serving the ``FerryApp`` over ASGI (``Publisher.__call__``);
 - ``hypercorn``: hypercorn (h11) on the agent's own uvloop thread, serving the ``FerryApp``
   over ASGI (issue #37);

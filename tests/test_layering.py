@@ -8,6 +8,8 @@ new arrow that runs the wrong way fails here rather than in a reader's head.
 - ``status`` reads the agent (its registry, runtime, buffer keys) and is imported only by the
   composition roots, ``agent.daemon`` and ``agent.cli``;
 - ``spool``, ``spark_writer`` and ``ferry_client`` stand without the agent;
+- the spool intake's two strategies import neither the lifecycle that runs them nor each
+  other, and only the blocks strategy writes to the store without the committer;
 - and in the tests, no test module imports from another: what several test files share is in
   a helper module (no ``test_`` prefix) or a conftest.py.
 """
@@ -107,6 +109,28 @@ def test_the_client_needs_nothing_but_itself() -> None:
     ours = {n.split(".")[0] for m, names in IMPORTS.items() if _within(m, "ferry_client")
             for n in names} & set(PACKAGES)
     assert ours == {"ferry_client"}
+
+
+# The spool intake: the one lifecycle every file goes through, and the two ways of storing a
+# file's records it hands a file to (agent/ingest/spool_intake.py says which takes which).
+SPOOL_LIFECYCLE = "agent.ingest.spool_intake"
+SPOOL_STRATEGIES = ("agent.ingest.spool_records", "agent.ingest.spool_blocks")
+
+
+@pytest.mark.parametrize("strategy", SPOOL_STRATEGIES)
+def test_a_spool_strategy_imports_neither_the_lifecycle_nor_the_other(strategy: str) -> None:
+    # What both need (the batch's pause, the progress, the screen) is in modules of its own.
+    others = {SPOOL_LIFECYCLE, *SPOOL_STRATEGIES} - {strategy}
+    assert {n for n in IMPORTS[strategy] if any(_within(n, o) for o in others)} == set()
+
+
+def test_only_the_blocks_strategy_stores_spool_batches_without_the_committer() -> None:
+    # Binary files are the one exception to "one writer" (docs/design.md); the rest of the
+    # intake stores through the committer. A call of ``append_encoded`` is the exception.
+    calls = {_module(path) for path in (ROOT / "agent" / "ingest").rglob("*.py")
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Attribute) and node.attr == "append_encoded"}
+    assert calls == {"agent.ingest.spool_blocks"}
 
 
 def test_no_test_module_imports_from_another_test_module() -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from agent.buffer.appender import EncodedGroup
 from agent.buffer.generations import GENERATIONS_MAX_AGE
 from agent.buffer.packing import Pack
-from agent.buffer.refusals import BufferFull, BufferUnavailable
+from agent.buffer.refusals import BufferFull, BufferUnavailable, Refusal
 from agent.buffer.state import StateChange
 from agent.buffer.store import Store
 from agent.buffer.weight import records_weight, runs_weight
@@ -30,8 +30,8 @@ from agent.records import Record, Source
 
 log = logging.getLogger(__name__)
 
-# What a callback receives: the ids of the group's messages, or the refusal.
-Result = list[bytes] | BufferFull | BufferUnavailable
+# What a callback receives: the ids of the group's messages, or the refusal (refusals.py).
+Result = list[bytes] | Refusal
 Callback = Callable[[Result], None]
 # One all-or-nothing group for ``submit_groups()``: its records, and optionally state to store
 # with them, derived from the ids they get (e.g. an idempotency key and its answer).
@@ -335,6 +335,9 @@ class Committer:
             if taken is None:
                 return
             self._commit(taken)
+            # Not kept while waiting for the next: the groups' records and callbacks (an
+            # HTTP publish's, with its connection and body) would stay in memory until then.
+            del taken
 
     def _commit(self, taken: list[_Submission]) -> None:
         states = [StateChange(s.state_puts or {}, s.state_deletes, s.derive)

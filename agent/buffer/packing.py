@@ -29,12 +29,12 @@ from collections.abc import Callable
 
 from agent.buffer import codec
 from agent.buffer.appender import EncodedGroup
-from agent.buffer.refusals import BufferFull, BufferUnavailable
+from agent.buffer.refusals import Refusal
 from agent.buffer.weight import RECORD_OVERHEAD_BYTES
 from agent.records import Record
 
 # What a group's result is: its ids, or the refusal (the committer's ``Result``).
-PackResult = list[bytes] | BufferFull | BufferUnavailable
+PackResult = list[bytes] | Refusal
 
 
 class Pack:

@@ -50,6 +50,13 @@ class BufferUnavailable(Exception):
         self.reason = reason
 
 
+# A group's refusal, as the writer hands it back rather than raises it (the committer's
+# ``Result``). Callers ``match`` on it: an ``InvalidGroup`` (refused for good) before the
+# ``BufferFull`` it is a kind of (refused for now), and ``assert_never`` after the last case,
+# so that mypy names any kind a caller forgot.
+Refusal = BufferFull | BufferUnavailable
+
+
 def unavailable(exc: lmdb.Error, path: Path | None = None) -> BufferUnavailable:
     """Name a failed write. LMDB reports a short write on a full disk as EIO, so ask the
     filesystem how much room is left rather than trusting the error code alone."""

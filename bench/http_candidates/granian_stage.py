@@ -5,7 +5,7 @@ runs a uvloop event loop, and granian's embedded ``Server`` serves on it, so the
 ``Publisher`` binds to that loop exactly as it does under Ferry's protocol. Two interfaces:
 
 - ``rsgi``: ``RsgiPublish``, a thin RSGI adapter: a ``POST /topics/{topic}[/batch]`` reads
-  its whole body (``await proto()``) and goes to ``Publisher.direct``, whose reply callback
+  its whole body (``await proto()``) and goes to ``Publisher.publish``, whose reply callback
   writes the answer with ``proto.response_bytes``; any other route is 404 here (the
   benchmark publishes only); a gzip body is decoded first (gzip_front.py).
 - ``asgi``: the ``FerryApp`` itself (publishing through ``Publisher.__call__``, everything
@@ -38,7 +38,7 @@ _NOT_FOUND = b'{"error":"not_found","code":"not_found","message":"publishes only
 
 
 class RsgiPublish:
-    """RSGI app: publishes go to ``Publisher.direct`` with their whole body."""
+    """RSGI app: publishes go to ``Publisher.publish`` with their whole body."""
 
     def __init__(self, app: FerryApp) -> None:
         self.publisher = app.publisher
@@ -72,7 +72,7 @@ class RsgiPublish:
             if not answered.done():
                 answered.set_result((status, out, answer))
 
-        self.publisher.direct(topic, batch, headers, body, reply)
+        self.publisher.publish(topic, batch, headers, body, reply)
         status, out, answer = await answered
         proto.response_bytes(status, [(k.decode("latin-1"), v.decode("latin-1"))
                                       for k, v in header_pairs(out)

@@ -9,6 +9,7 @@ deterministically; ``queued_messages(served)`` counts those waiting for the writ
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,7 +84,9 @@ def make_config(root: Path, **sections: Any) -> FerryConfig:
     return FerryConfig.model_validate(data)
 
 
-def start(config: FerryConfig, *, running: bool = True) -> Served:
+def start(config: FerryConfig, *, running: bool = True,
+          prepare: Callable[[HttpServer], None] | None = None) -> Served:
+    """``prepare`` is called with the server before it starts (e.g. to swap its budget)."""
     store = Store(config.buffer.path, config.buffer.max_bytes,
                   track=config.status.track_messages, track_seconds=config.status.track_seconds)
     registry = Registry()
@@ -92,6 +95,8 @@ def start(config: FerryConfig, *, running: bool = True) -> Served:
     runtime = Runtime(config, store, committer, registry)
     app = create_app(runtime)
     server = HttpServer(runtime, app)
+    if prepare is not None:
+        prepare(server)
     server.start()
     if running:
         runtime.set_phase(Phase.RUNNING)

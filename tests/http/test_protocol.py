@@ -1,4 +1,4 @@
-"""protocol.py: every publish goes to ``Publisher.direct`` with its whole body, without ASGI,
+"""protocol.py: every publish goes to ``Publisher.publish`` with its whole body, without ASGI,
 however its bytes arrive; every odd case of the HTTP exchange (pipelining, Expect, close,
 shutdown, clients that leave) is answered in order and correctly.
 

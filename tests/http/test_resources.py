@@ -12,7 +12,6 @@ from __future__ import annotations
 import gc
 import gzip
 import json
-import os
 import socket
 import sys
 import threading
@@ -92,27 +91,6 @@ def test_a_gzip_body_of_many_empty_members_does_not_hold_the_loop(served: Served
 
 # -- N2: closed with the answer unread --------------------------------------------------------
 
-def _server_descriptors(port: int) -> int:
-    """Descriptors of this process that are the server's connections on ``port`` (the
-    clients' sockets, in the same process, have another local port)."""
-    inodes: set[str] = set()
-    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
-        with open(table) as lines:
-            for line in list(lines)[1:]:
-                fields = line.split()
-                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] != "0A":
-                    inodes.add(fields[9])
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:[") and link[8:-1] in inodes:
-            count += 1
-    return count
-
-
 def _connection(served: Served, peer: tuple[str, int]) -> HttpProtocol:
     def find() -> HttpProtocol | None:
         for conn in list(served.server.connections.open):
@@ -158,10 +136,10 @@ def test_connections_closed_with_answers_unread_keep_no_descriptor(
                              b"\r\n\r\n")
             # Over the cap, the server evicts a closing connection on its own loop: wait for
             # it (a loaded host takes a moment); a descriptor kept for ever never settles.
-            wait_until(lambda: _server_descriptors(port) <= cap + 1, timeout=5.0,
+            wait_until(lambda: raw.server_descriptors(port) <= cap + 1, timeout=5.0,
                        message=f"the server's descriptors back within the cap of {cap}")
-            peak = max(peak, _server_descriptors(port))
-        wait_until(lambda: _server_descriptors(port) == 0, timeout=WAIT,
+            peak = max(peak, raw.server_descriptors(port))
+        wait_until(lambda: raw.server_descriptors(port) == 0, timeout=WAIT,
                    message="the server's descriptors released")
     finally:
         for sock in clients:
@@ -487,3 +465,22 @@ def test_the_body_deadline_skips_the_time_the_server_is_behind(
     assert raw.status(answer) == 202, (answer[:300], f"after {took:.2f} s")
     assert took > 0.1, f"the server was not behind: answered in {took:.2f} s"
     assert [len(m.record.value) for m in served.messages("behind")] == [100_000]
+
+
+def test_an_answered_publish_leaves_nothing_of_its_body_in_memory(served: Served) -> None:
+    """Found by the resource-bound harness (test_resource_bounds.py): the buffer writer kept
+    its last commit's groups while it waited for the next, and with them the publishes'
+    callbacks, so each request's connection, parser and body stayed in memory until another
+    commit came (a 16 MiB batch, twice: its body and its records)."""
+    body = b"\n".join(b"line-%d" % i for i in range(1000))
+    answer = _exchange(served, b"POST /topics/kept/batch HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                       b"application/x-ndjson\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    assert raw.status(answer) == 202, answer[:300]
+    wait_until(lambda: not served.server.connections.open, timeout=WAIT,
+               message="the connection closed")
+
+    def kept() -> int:
+        gc.collect()
+        return sum(obj.size for obj in gc.get_objects() if type(obj) is Request and obj.parts)
+
+    wait_until(lambda: kept() == 0, timeout=WAIT, message="the body no longer in memory")

@@ -1110,16 +1110,16 @@ def test_a_file_replaced_at_any_stage_of_its_intake_loses_nothing(
 
                 monkeypatch.setattr(cls, method, checked)
         elif stage == "mid_read":
-            from agent.ingest import spool_intake
+            from agent.ingest.spool_progress import Progress
 
-            real_puts = spool_intake._Progress.puts
+            real_puts = Progress.puts
 
             def puts(self: Any, next_index: int) -> dict[bytes, bytes]:
                 if 0 < next_index < self.count:
                     replace()  # between the file's first batch and its last
                 return real_puts(self, next_index)
 
-            monkeypatch.setattr(spool_intake._Progress, "puts", puts)
+            monkeypatch.setattr(Progress, "puts", puts)
         elif stage == "after_last_commit":
             real_finish = SpoolIntake._finish
 

@@ -84,7 +84,7 @@ def is_exactly_once(stream: str) -> bool:
     return stream.endswith(EO_SUFFIX)
 KILL_MODES = ("timer", "http_ack", "spool_mid_file", "startup")
 HTTP_THREADS = 2
-# A spool file bigger than this spans several intake batches (agent/ingest/spool_intake.BATCH).
+# A spool file bigger than this spans several intake batches (agent/ingest/spool_batch.BATCH).
 SPOOL_BATCH = 20_000
 
 

@@ -6,7 +6,7 @@
   engineer's routes).
 - ``server.py``: ``HttpServer``, Ferry's protocol on uvloop in its own thread, with the
   connection cap; ``protocol.py`` the protocol itself (httptools' public parser, every limit
-  of the exchange, publishes handed whole to ``Publisher.direct`` without ASGI);
+  of the exchange, publishes handed whole to ``Publisher.publish`` without ASGI);
   ``asgi.py`` runs the other routes on the Starlette app.
 - ``auth.py``: the management token and the cross-site refusal.
 - ``topics.py``: ``TopicCatalog``, topic settings from the config file and the management API.

@@ -1,8 +1,9 @@
 """The HTTP listener's one ASGI app: a raw fast path for publishing, Starlette for the rest.
 
 Publishing is the only high-rate route: Ferry's own server hands it to
-``Publisher.direct`` (protocol.py), and for any other ASGI server ``POST /topics/{topic}`` and
-``POST /topics/{topic}/batch`` are matched by hand here and go straight to ``Publisher``;
+``Publisher.publish`` (protocol.py), and for any other ASGI server ``POST /topics/{topic}`` and
+``POST /topics/{topic}/batch`` are matched by hand here and go to ``Publisher``'s ASGI adapter,
+which reads the body and publishes it the same way;
 everything else (topic management, ``/status/ping|health|ready``, ``/openapi.json`` and the
 status engineer's ``extra_routes``) goes to a Starlette app, where convenience matters more
 than microseconds.
@@ -44,9 +45,6 @@ class FerryApp:
         _check_config_topics(runtime)
         self.catalog = TopicCatalog(runtime.config, runtime.store)
         self.publisher = Publisher(runtime, self.catalog)
-        # The server's protocol hands publishes whose body came with their headers here,
-        # without ASGI (protocol.py); the rest reach ``__call__``.
-        self.publish_direct = self.publisher.direct
         self.topics_api = TopicsApi(runtime, self.catalog)
         routes: list[BaseRoute] = [
             Route("/status/ping", self._ping, methods=["GET"], name="ping"),
@@ -83,7 +81,7 @@ class FerryApp:
 
     def in_flight(self) -> int:
         """Work the server must wait for at shutdown besides its connections and tasks."""
-        return self.publisher.direct_in_flight
+        return self.publisher.in_flight
 
     def drain(self) -> None:
         """Shutdown began: stop holding requests for Kafka acknowledgements."""

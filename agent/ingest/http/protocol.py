@@ -35,7 +35,7 @@ request's body was read whole (413, 431, 400 for bytes the parser refused, 408) 
 connection after it, so nothing half-read is left behind; requests parsed before the bad
 bytes are answered first (a publish stored before garbage gets its 2xx).
 
-Publishes (``POST /topics/{topic}`` and ``.../batch``) go to ``Publisher.direct`` with their
+Publishes (``POST /topics/{topic}`` and ``.../batch``) go to ``Publisher.publish`` with their
 whole body, without ASGI. Every other route goes to the ASGI app (Starlette: management,
 status probes, /metrics) through ``asgi.py``, with the body already read.
 """
@@ -66,7 +66,7 @@ from agent.process.log_limit import LogLimit
 
 log = logging.getLogger(__name__)
 
-# Publisher.direct(topic, batch, headers, body, reply) -> a publish's Cut, if it waits for
+# Publisher.publish(topic, batch, headers, body, reply) -> a publish's Cut, if it waits for
 # Kafka: called, it is answered at once with what is known (its client has gone).
 DirectPublish = Callable[[str, bool, list[tuple[bytes, bytes]], bytes, Reply],
                          Callable[[], None] | None]
@@ -244,7 +244,7 @@ class Request:
         self.framing: bytes | None = None
         # Answer this instead of running the request, then close (a limit, a parse error).
         self.error: HttpError | None = None
-        # Ends a publish's wait for Kafka now (Publisher.direct's Cut): its client has gone.
+        # Ends a publish's wait for Kafka now (Publisher.publish's Cut): its client has gone.
         self.cut: Callable[[], None] | None = None
 
     @property
@@ -893,7 +893,7 @@ class HttpProtocol(asyncio.Protocol):
         request.topic, request.batch = target
         request.publish = True
         # Read up to the batch limit; the topic's own limit is looked up only for a body
-        # over it (rare), and Publisher.direct checks it exactly in any case.
+        # over it (rare), and Publisher.publish checks it exactly in any case.
         request.limit = self.read_limit
 
     def _over(self, request: Request, size: int) -> bool:

@@ -21,13 +21,14 @@ import functools
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from enum import Enum, auto
+from typing import Any, assert_never
 
 from agent import reasons
 from agent.buffer import keys
-from agent.buffer.committer import ShuttingDown
+from agent.buffer.committer import Result, ShuttingDown
 from agent.buffer.store import BufferFull, BufferUnavailable, InvalidGroup
 from agent.config import TopicConfig
 from agent.ingest import kafka_limits
@@ -124,10 +125,10 @@ class Publisher:
         self._watcher: DeliveryWatcher | None = None
         self._inflight: dict[bytes, asyncio.Future[None]] = {}
         # Requests of this loop iteration waiting to be handed to the writer together.
-        self._queue: list[tuple[list[Record], _Derive | None, Callable[[Any], None]]] = []
-        # Direct publishes on callbacks, and on tasks (held here: the loop keeps only weak
+        self._queue: list[tuple[list[Record], _Derive | None, _Done]] = []
+        # Publishes on callbacks, and on tasks (held here: the loop keeps only weak
         # references to tasks), not answered yet.
-        self._direct_pending = 0
+        self._pending = 0
         self._tasks: set[asyncio.Task[_Outcome]] = set()
 
     # -- loop binding ----------------------------------------------------------------------
@@ -140,7 +141,7 @@ class Publisher:
                 # Another loop: what was pending on the old one will never complete here.
                 self._inflight = {}
                 self._queue = []
-                self._direct_pending = 0
+                self._pending = 0
                 self._tasks = set()
             self._loop = loop
             self._bridge = CompletionBridge(loop)
@@ -170,35 +171,27 @@ class Publisher:
         if self._converter is not None:
             self._converter.shutdown(wait=False, cancel_futures=True)
 
-    # -- ASGI ------------------------------------------------------------------------------
-    async def __call__(self, scope: Scope, receive: Receive, send: Send, topic: str,
-                       batch: bool) -> None:
-        try:
-            request = self._check(topic, scope["headers"], batch)
-            body = await self._read_body(receive, request.limit, topic, batch)
-            status, headers, answer = self._received(await self._store(request, body))
-        except _Disconnected:
-            route = "batch" if batch else "publish"
-            self.counters.add("http_requests", (("route", route), ("status", "499")))
-            return
-        except Exception as exc:  # noqa: BLE001 - refusals, and bugs (500, logged)
-            status, headers, answer = self._refused(exc, topic)
-        self.counters.add_key(_REQUESTS[batch][status])
-        await send({"type": "http.response.start", "status": status,
-                    "headers": header_pairs(headers)})
-        await send({"type": "http.response.body", "body": answer})
+    # -- the one entry ---------------------------------------------------------------------
+    def publish(self, topic: str, batch: bool, headers: list[tuple[bytes, bytes]],
+                body: bytes, reply: Reply) -> Cut | None:
+        """Publish a request whose whole body is in hand, then ``reply()``: every publish
+        comes in here, from the server's protocol (protocol.py, ``HttpProtocol``, on the
+        event loop, without ASGI's per-request task, scope and messages: they cost more than
+        the rest of the publish) and from ``__call__``, the ASGI adapter any other server
+        uses. The request is answered, and its answer counted, exactly once: ``reply`` is
+        called once the commit is durable (or Kafka acknowledged it), or at once for a
+        refusal.
 
-    # -- direct: no ASGI -------------------------------------------------------------------
-    def direct(self, topic: str, batch: bool, headers: list[tuple[bytes, bytes]],
-               body: bytes, reply: Reply) -> Cut | None:
-        """Publish a request whose whole body came with its headers, then ``reply()``.
+        Two strategies, chosen here, carry a publish that passed its checks:
 
-        The server's protocol calls this on the event loop for most publishes (protocol.py,
-        ``HttpProtocol``), without ASGI's per-request task, scope and messages: they cost more
-        than the rest of the publish. The checks, the answers and the counting are those of
-        ``__call__``. The common case (no Idempotency-Key, no wait for Kafka) runs on
-        callbacks: ``reply`` is called once the commit is durable, or at once for a refusal.
-        The rest keeps the coroutine, as its own task.
+        - **on callbacks** (``_on_callbacks``), the common case: converted (on the loop, or
+          on the converter thread for a large body), handed to the writer with the rest of
+          the loop iteration's, answered from the writer's result (``_committed``), or once
+          Kafka acknowledged it (``_committed_wait``). No task, no future.
+        - **as a task** (``_as_task``): the coroutine ``_store``, for what must wait in the
+          middle: an Idempotency-Key (its replay, and the gate on the same key in flight)
+          and a message over the Kafka topic's limit uncompressed (the sizing thread's
+          verdict).
 
         A publish that will wait for Kafka (201) on callbacks returns its ``Cut``: the
         connection calls it when its client leaves or stops sending, and the publish is
@@ -206,65 +199,104 @@ class Publisher:
         ack_timeout_ms. Otherwise None.
         """
         if self._loop is None:
-            self._bind()  # before any task is counted in direct_in_flight
+            self._bind()  # before any task is counted in in_flight
         try:
             request = self._check(topic, headers, batch)
             if len(body) > request.limit:
                 raise _body_too_large(request.limit, topic, batch)
             if request.ikey is not None:
-                task = asyncio.get_running_loop().create_task(self._store(request, body))
-                self._tasks.add(task)
-                task.add_done_callback(functools.partial(self._stored, request, reply))
+                self._as_task(request, body, None, reply)
                 return None
-            if self._waits_for_kafka(request.settings):
-                request.cut = Cut()
-            codec = self._codec(request)
-            if self._off_loop(request, codec, body):
-                assert self._loop is not None
-                converted = self._loop.run_in_executor(self._converting(), self._convert,
-                                                       request, codec, body)
-                self._direct_pending += 1
-                converted.add_done_callback(functools.partial(self._converted, request, reply))
-                return request.cut
-            records = self._convert(request, codec, body)
-            if request.oversize:
-                self._judge_oversize(request, records, reply)
-                return None
-            self._hand(request, records, reply)
-            return request.cut
+            return self._on_callbacks(request, body, reply)
         except Exception as exc:  # noqa: BLE001 - refusals, and bugs (500, logged)
             status, out_headers, answer = self._refused(exc, topic)
             self.counters.add_key(_REQUESTS[batch][status])
             reply(status, out_headers, answer)
             return None
 
+    # -- ASGI ------------------------------------------------------------------------------
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, topic: str,
+                       batch: bool) -> None:
+        """The ASGI adapter (app.py: any server but Ferry's own): read the body, publish it
+        (``publish``), send the answer."""
+        headers = scope["headers"]
+        try:
+            # What the headers refuse is answered before the body is read; ``publish``
+            # checks them again (a cost for this adapter alone, off the protocol's path).
+            limit = self._check(topic, headers, batch).limit
+            body = await self._read_body(receive, limit, topic, batch)
+        except _Disconnected:
+            self.counters.add_key(_REQUESTS[batch][499])
+            return
+        except Exception as exc:  # noqa: BLE001 - refusals, and bugs (500, logged)
+            status, out_headers, answer = self._refused(exc, topic)
+            self.counters.add_key(_REQUESTS[batch][status])
+        else:
+            answered: asyncio.Future[tuple[int, Headers, bytes]] = (
+                asyncio.get_running_loop().create_future())
+            cut = self.publish(topic, batch, headers, body,
+                               functools.partial(_answered, answered))
+            try:
+                status, out_headers, answer = await answered
+            except asyncio.CancelledError:
+                # The server gave up on the request (its client left): a wait for Kafka
+                # ends now, answered to nobody, as the protocol's connection does.
+                if cut is not None:
+                    cut()
+                raise
+        await send({"type": "http.response.start", "status": status,
+                    "headers": header_pairs(out_headers)})
+        await send({"type": "http.response.body", "body": answer})
+
+    # -- on callbacks ----------------------------------------------------------------------
+    def _on_callbacks(self, request: _Request, body: bytes, reply: Reply) -> Cut | None:
+        """The common strategy (``publish``): its ``Cut`` if it will wait for Kafka."""
+        if self._waits_for_kafka(request.settings):
+            request.cut = Cut()
+        codec = self._codec(request)
+        if self._off_loop(request, codec, body):
+            assert self._loop is not None
+            converted = self._loop.run_in_executor(self._converting(), self._convert,
+                                                   request, codec, body)
+            self._pending += 1
+            converted.add_done_callback(functools.partial(self._converted, request, reply))
+            return request.cut
+        records = self._convert(request, codec, body)
+        if request.oversize:
+            self._as_task(request, b"", records, reply)
+            return None
+        self._hand(request, records, reply)
+        return request.cut
+
     def _hand(self, request: _Request, records: list[Record], reply: Reply) -> None:
-        """Rate-limit and queue a direct publish's records for the writer."""
+        """Rate-limit and queue a publish's records for the writer (on callbacks)."""
         self._rate_limit(request, len(records))
         # Waiting for Kafka (201) goes on callbacks too: a task per request cost more
         # CPU than the wait itself.
         done = (self._committed_wait if self._waits_for_kafka(request.settings)
                 else self._committed)
         self._enqueue(records, None, functools.partial(done, request, len(records), reply))
-        self._direct_pending += 1
+        self._pending += 1
 
-    def _judge_oversize(self, request: _Request, records: list[Record], reply: Reply) -> None:
-        """Over the Kafka topic's limit uncompressed: the verdict takes the sizing thread,
-        then the records are stored (or refused) as a task."""
-        task = asyncio.get_running_loop().create_task(self._store(request, b"", records))
+    def _as_task(self, request: _Request, body: bytes, records: list[Record] | None,
+                 reply: Reply) -> None:
+        """The strategy for what waits in the middle (``publish``): ``_store`` as a task of
+        its own, answered by ``_stored``. ``records``: the body converted already (a message
+        over the Kafka topic's limit uncompressed, whose verdict takes the sizing thread)."""
+        task = asyncio.get_running_loop().create_task(self._store(request, body, records))
         self._tasks.add(task)
         task.add_done_callback(functools.partial(self._stored, request, reply))
 
     def _converted(self, request: _Request, reply: Reply,
                    converted: asyncio.Future[list[Record]]) -> None:
         """On the loop: a body converted on the converter thread; hand it to the writer."""
-        self._direct_pending -= 1
+        self._pending -= 1
         if converted.cancelled():
             return  # the loop is shutting down: the connection goes with it
         try:
             records = converted.result()
             if request.oversize:
-                self._judge_oversize(request, records, reply)
+                self._as_task(request, b"", records, reply)
                 return
             self._hand(request, records, reply)
         except Exception as exc:  # noqa: BLE001 - refusals, and bugs (500, logged)
@@ -314,15 +346,15 @@ class Publisher:
         self.counters.add_key(_REQUESTS[batch][499])
 
     @property
-    def direct_in_flight(self) -> int:
-        """Direct publishes handed over and not answered yet. The server's graceful stop
-        waits for its connections and its tasks; a direct publish whose client has gone has
-        neither, so the server waits for this to reach 0 too (its answer is counted)."""
-        return self._direct_pending + len(self._tasks)
+    def in_flight(self) -> int:
+        """Publishes handed over and not answered yet. The server's graceful stop waits for
+        its connections and its tasks; a publish whose client has gone has neither, so the
+        server waits for this to reach 0 too (its answer is counted)."""
+        return self._pending + len(self._tasks)
 
-    def _committed(self, request: _Request, n: int, reply: Reply, result: Any) -> None:
-        """On the loop: the writer's result for a direct publish; answer it."""
-        self._direct_pending -= 1
+    def _committed(self, request: _Request, n: int, reply: Reply, result: Written) -> None:
+        """On the loop: the writer's result for a publish on callbacks; answer it."""
+        self._pending -= 1
         try:
             ids = _ids(result, n)
             status, headers, body = self._received(
@@ -332,7 +364,8 @@ class Publisher:
         self.counters.add_key(_REQUESTS[request.batch][status])
         reply(status, headers, body)
 
-    def _committed_wait(self, request: _Request, n: int, reply: Reply, result: Any) -> None:
+    def _committed_wait(self, request: _Request, n: int, reply: Reply, result: Written
+                        ) -> None:
         """On the loop: stored; now wait for Kafka's acknowledgement (up to the topic's
         ack_timeout_ms), then answer 201 or 202."""
         try:
@@ -352,14 +385,14 @@ class Publisher:
     def _acknowledged(self, request: _Request, ids: list[bytes], reply: Reply,
                       delivered: bool) -> None:
         """On the loop: Kafka acknowledged ``ids`` in time, or not; answer."""
-        self._direct_pending -= 1
+        self._pending -= 1
         status, headers, body = self._received(
             (*_response(ids, request.batch, delivered, False), len(ids)))
         self.counters.add_key(_REQUESTS[request.batch][status])
         reply(status, headers, body)
 
     def _stored(self, request: _Request, reply: Reply, task: asyncio.Task[_Outcome]) -> None:
-        """On the loop: a direct publish that took the coroutine (``_store``) is done."""
+        """On the loop: a publish as a task (``_store``) is done; answer it."""
         self._tasks.discard(task)
         if task.cancelled():
             return  # the loop is shutting down: the connection goes with it
@@ -611,8 +644,8 @@ class Publisher:
         return (*await self._answer(topic, ids, settings, batch), n)
 
     async def _read_body(self, receive: Receive, limit: int, topic: str, batch: bool) -> bytes:
-        # Ferry's own server hands publishes to ``direct``; this ASGI path serves any other
-        # ASGI server (and tests that drive the app directly).
+        # Ferry's own server reads the body itself; this serves the ASGI adapter, for any
+        # other ASGI server (and tests that drive the app directly).
         return await self._read_rest(receive, [], limit, topic, batch)
 
     async def _read_rest(self, receive: Receive, parts: list[bytes], limit: int, topic: str,
@@ -655,12 +688,11 @@ class Publisher:
             self._bind()
             loop = self._loop
             assert loop is not None
-        future: asyncio.Future[Any] = loop.create_future()
+        future: asyncio.Future[Written] = loop.create_future()
         self._enqueue(records, derive, functools.partial(_set_result, future))
         return _ids(await future, len(records))
 
-    def _enqueue(self, records: list[Record], derive: _Derive | None,
-                 done: Callable[[Any], None]) -> None:
+    def _enqueue(self, records: list[Record], derive: _Derive | None, done: _Done) -> None:
         """Queue ``records`` for this loop iteration's hand-over; ``done(result)`` on the loop
         once the writer is done with them.
 
@@ -686,14 +718,14 @@ class Publisher:
                 [(records, derive) for records, derive, _ in queue], Source.HTTP,
                 functools.partial(bridge.post, functools.partial(_resolve, dones)))
         except ShuttingDown:
-            _resolve(dones, [_CLOSING] * len(dones))
+            _resolve(dones, [NotHanded.CLOSING] * len(dones))
             return
         except Exception:  # noqa: BLE001 - a bug: answer 500 rather than leave them hanging
             log.exception("handing %d requests to the buffer writer failed", len(dones))
-            _resolve(dones, [_FAILED] * len(dones))
+            _resolve(dones, [NotHanded.FAILED] * len(dones))
             return
         if not queued:
-            _resolve(dones, [_OVERLOADED] * len(dones))
+            _resolve(dones, [NotHanded.OVERLOADED] * len(dones))
         if self.idempotency.enabled and self.idempotency.prune_due():
             # Expired Idempotency-Keys leave the state database a minute's worth at a time,
             # off the loop (they are disk writes); at most once per PRUNE_INTERVAL.
@@ -775,18 +807,29 @@ def header_pairs(headers: Headers) -> list[tuple[bytes, bytes]]:
 # (a stored publish's, never ``connection``: rendering them once is a tenth of the answer).
 Headers = list[tuple[bytes, bytes]] | bytes
 _Derive = Callable[[list[bytes]], dict[bytes, bytes]]
-# Hand-over outcomes that are not the writer's: its queue was full, it is closed, or the
-# hand-over itself failed (a bug; answered 500).
-_OVERLOADED = object()
-_CLOSING = object()
-_FAILED = object()
+
+
+class NotHanded(Enum):
+    """Why a publish's records never reached the writer: its queue was full, it is closed,
+    or the hand-over itself failed (a bug; answered 500)."""
+
+    OVERLOADED = auto()
+    CLOSING = auto()
+    FAILED = auto()
+
+
+# What a publish learns of its records: the writer's ``Result`` (their ids, or the buffer's
+# refusal), or why they never reached the writer. ``_ids`` matches every case.
+Written = Result | NotHanded
+# Called on the loop with that, once known.
+_Done = Callable[[Written], None]
 # An answer (status, headers, body), and how many messages it counts as received.
 _Outcome = tuple[int, Headers, bytes, int]
-# How the server sends a direct publish's answer: reply(status, headers, body).
+# How a publish's answer is sent: reply(status, headers, body).
 Reply = Callable[[int, Headers, bytes], None]
 
 
-def _resolve(dones: list[Callable[[Any], None]], results: list[Any]) -> None:
+def _resolve(dones: Sequence[_Done], results: Sequence[Written]) -> None:
     """On the loop: answer the requests of one hand-over."""
     for done, result in zip(dones, results, strict=True):
         try:
@@ -795,43 +838,52 @@ def _resolve(dones: list[Callable[[Any], None]], results: list[Any]) -> None:
             log.exception("answering a publish failed")
 
 
-def _set_result(future: asyncio.Future[Any], result: Any) -> None:
+def _set_result(future: asyncio.Future[Written], result: Written) -> None:
     if not future.done():
         future.set_result(result)
 
 
-def _ids(result: Any, n: int) -> list[bytes]:
+def _answered(future: asyncio.Future[tuple[int, Headers, bytes]], status: int,
+              headers: Headers, body: bytes) -> None:
+    """The ASGI adapter's ``reply``: the answer to its task (gone if it was cancelled)."""
+    if not future.done():
+        future.set_result((status, headers, body))
+
+
+def _ids(result: Written, n: int) -> list[bytes]:
     """The ids of a stored group, from the writer's ``result``; a refusal raises HttpError."""
-    if isinstance(result, list):
-        return result
-    if result is _OVERLOADED:
-        raise HttpError(503, reasons.OVERLOADED,
-                        "Ferry's buffer writer is behind; nothing was stored. Retry later.",
-                        reason=reasons.OVERLOADED, retry_after=RETRY_BUSY, count=n)
-    if result is _CLOSING:
-        raise _not_accepting(Phase.STOPPING, count=n)
-    if isinstance(result, InvalidGroup):
-        # Counted by the committer (reason unencodable). The checks above should make this
-        # impossible; if a record still cannot be encoded, it is the client's input.
-        raise HttpError(400, result.reason, f"the message cannot be stored: {result}",
-                        count=n)
-    if isinstance(result, BufferFull):
-        # Counted by the committer (messages_rejected reason buffer_full, or disk_full when
-        # the filesystem is what is full: store.DiskFull).
-        raise HttpError(503, result.reason,
-                        f"Ferry's buffer is full; nothing was stored: {result}",
-                        retry_after=RETRY_FULL, count=n)
-    if isinstance(result, BufferUnavailable):
-        raise HttpError(503, result.reason,
-                        f"Ferry's buffer cannot store messages; nothing was stored: {result}",
-                        retry_after=RETRY_FULL, count=n)
-    if result is _FAILED:
-        raise RuntimeError("handing the request to the buffer writer failed")
-    raise AssertionError(f"unexpected commit result {result!r}")
+    match result:
+        case list():
+            return result
+        case InvalidGroup():
+            # Counted by the committer (reason unencodable). The checks above should make
+            # this impossible; if a record still cannot be encoded, it is the client's input.
+            raise HttpError(400, result.reason, f"the message cannot be stored: {result}",
+                            count=n)
+        case BufferFull():
+            # Counted by the committer (messages_rejected reason buffer_full, or disk_full
+            # when the filesystem is what is full: store.DiskFull).
+            raise HttpError(503, result.reason,
+                            f"Ferry's buffer is full; nothing was stored: {result}",
+                            retry_after=RETRY_FULL, count=n)
+        case BufferUnavailable():
+            raise HttpError(503, result.reason,
+                            "Ferry's buffer cannot store messages; nothing was stored: "
+                            f"{result}", retry_after=RETRY_FULL, count=n)
+        case NotHanded.OVERLOADED:
+            raise HttpError(503, reasons.OVERLOADED,
+                            "Ferry's buffer writer is behind; nothing was stored. Retry later.",
+                            reason=reasons.OVERLOADED, retry_after=RETRY_BUSY, count=n)
+        case NotHanded.CLOSING:
+            raise _not_accepting(Phase.STOPPING, count=n)
+        case NotHanded.FAILED:
+            raise RuntimeError("handing the request to the buffer writer failed")
+        case _:
+            assert_never(result)
 
 
 class Cut:
-    """Cuts short a direct publish's wait for Kafka: called (by the connection, protocol.py)
+    """Cuts short a publish's wait for Kafka: called (by the connection, protocol.py)
     when its client has left or stopped sending, it answers the publish at once with what is
     known, 202 once stored, rather than at the topic's ack_timeout_ms. A client that closed
     while its 201 was awaited held its connection, busy and so under the connection cap,
@@ -873,7 +925,7 @@ class _Request:
         # the producer's compression: _kafka_verdict decides them.
         self.oversize: list[int] = []
         self.kafka_limit: tuple[Limit, str] | None = None
-        self.cut: Cut | None = None  # a direct publish that will wait for Kafka
+        self.cut: Cut | None = None  # a publish on callbacks that will wait for Kafka
 
 
 class _Disconnected(Exception):

@@ -187,7 +187,7 @@ class HttpServer:
 
         def protocol(tls: ssl.SSLContext | None = None) -> HttpProtocol:
             return HttpProtocol(limits=limits, connections=connections, date=date,
-                                publish=publisher.direct, body_limit=publisher.body_limit,
+                                publish=publisher.publish, body_limit=publisher.body_limit,
                                 too_large=publisher.too_large, refused=publisher.refused_early,
                                 gone=publisher.gone, asgi=asgi,
                                 read_limit=publisher.max_batch_bytes, tls=tls,
@@ -217,11 +217,11 @@ class HttpServer:
             server.close()
         connections.close_idle()
         deadline = loop.time() + self._stop_timeout
-        while ((connections.open or publisher.direct_in_flight or asgi.tasks)
+        while ((connections.open or publisher.in_flight or asgi.tasks)
                and loop.time() < deadline):
             connections.close_idle()
             await asyncio.sleep(0.01)
-        if connections.open or publisher.direct_in_flight:
+        if connections.open or publisher.in_flight:
             log.error("HTTP requests still running after %.0f s; closing them",
                       self._stop_timeout)
         for conn in list(connections.open):
