@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +18,7 @@ from agent.ingest.spool_screen import Screen
 from agent.metrics import Registry
 from agent.process.log_limit import LogLimit
 from agent.signals.limits import EMPTY, Snapshot
+from tests.waiting import wait_until
 
 MB = 1024 * 1024
 KEY = b"spool:0:test"
@@ -59,3 +60,21 @@ def progress_of(path: Path, count: int) -> Progress:
 
 def screen(path: Path, snapshot: Snapshot = EMPTY, now_ms: int = 1_700_000_000_000) -> Screen:
     return Screen(snapshot, now_ms, path, LogLimit(log))
+
+
+def waits_while_full(p: Parts, ingest: Callable[[], bool]) -> list[bool]:
+    """Run a strategy's ``ingest`` (a call on a file larger than the buffer) in a thread
+    until the buffer refuses its batch and the strategy has tried again and paused, then
+    stop it; its return value(s). Records that wait are never rejected: they stay in the
+    file."""
+    done: list[bool] = []
+    run = threading.Thread(target=lambda: done.append(ingest()), daemon=True)
+    run.start()
+    view = p.registry.view
+    wait_until(lambda: view().total("spool_batches_deferred", reason="buffer_full") > 1,
+               message="the batch is refused, and tried again")
+    assert view().total("spool_intake_paused") == 1
+    assert view().total("messages_rejected", source="spool") == 0
+    p.stop.set()
+    run.join(10)
+    return done

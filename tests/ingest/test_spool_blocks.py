@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 from agent.ingest.spool_batch import BATCH
@@ -10,8 +9,7 @@ from agent.ingest.spool_blocks import Blocks, bulk_batches
 from agent.signals.limits import Limit, Snapshot
 from spool.format import SpoolRecord, encode_file
 from spool.reader import BinarySpoolReader
-from tests.ingest.spool_parts import parts, progress_of, screen
-from tests.waiting import wait_until
+from tests.ingest.spool_parts import parts, progress_of, screen, waits_while_full
 
 
 def _file(path: Path, records: list[SpoolRecord], block_bytes: int = 4096) -> Path:
@@ -77,17 +75,8 @@ def test_a_full_buffer_pauses_the_file_until_the_intake_stops(tmp_path: Path) ->
         strategy = Blocks(p.store, p.registry, p.pause, p.stop)
         reader = BinarySpoolReader(path)
         count = reader.verify()
-        done: list[bool] = []
-        run = threading.Thread(target=lambda: done.append(strategy.ingest(
-            reader, 0, progress_of(path, count), 1 << 20, screen(path))), daemon=True)
-        run.start()
-        view = p.registry.view
-        wait_until(lambda: view().total("spool_batches_deferred", reason="buffer_full") > 1,
-                   message="the batch is refused, and tried again")
-        assert view().total("spool_intake_paused") == 1
-        assert view().total("messages_rejected", source="spool") == 0
-        p.stop.set()
-        run.join(10)
+        done = waits_while_full(p, lambda: strategy.ingest(
+            reader, 0, progress_of(path, count), 1 << 20, screen(path)))
         strategy.close()
         reader.close()
         assert done == [False] and p.stored("t") == [] and p.progress() is None

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 from agent.ingest.spool_records import Records, batches
 from agent.signals.limits import Limit, Snapshot
 from spool.format import SpoolRecord
 from spool.reader import open_spool_file
-from tests.ingest.spool_parts import parts, progress_of, screen
-from tests.waiting import wait_until
+from tests.ingest.spool_parts import parts, progress_of, screen, waits_while_full
 
 
 def test_batches_are_cut_at_their_count_and_their_weight(tmp_path: Path) -> None:
@@ -65,17 +63,7 @@ def test_a_full_buffer_pauses_the_file_until_the_intake_stops(tmp_path: Path) ->
         reader = open_spool_file(path)
         count = reader.verify()
         strategy = Records(p.committer, p.registry, p.pause, p.stop)
-        done: list[bool] = []
-        run = threading.Thread(target=lambda: done.append(strategy.ingest(
-            reader, 0, progress_of(path, count), 1 << 20, screen(path))), daemon=True)
-        run.start()
-        view = p.registry.view
-        wait_until(lambda: view().total("spool_batches_deferred", reason="buffer_full") > 1,
-                   message="the batch is refused, and tried again")
-        assert view().total("spool_intake_paused") == 1
-        # Waiting records are not rejected: they stay in their file.
-        assert view().total("messages_rejected", source="spool") == 0
-        p.stop.set()
-        run.join(10)
+        done = waits_while_full(p, lambda: strategy.ingest(
+            reader, 0, progress_of(path, count), 1 << 20, screen(path)))
         reader.close()
         assert done == [False] and p.stored("t") == [] and p.progress() is None
