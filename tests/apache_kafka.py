@@ -33,6 +33,7 @@ import socket
 import subprocess
 import time
 import uuid
+import zipfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +85,16 @@ def newest_kafka_version() -> str:
     if found is None:
         raise RuntimeError(f"no <kafka.newest.version> in {POM}")
     return found.group(1)
+
+
+def config_command(version: str) -> str:
+    """The main class of Kafka's ``kafka-configs`` tool in ``version``: in the tools module
+    (kafka-tools) where that has it, as 4.4 does; in the core jar before."""
+    for jar in kafka_libs(version).glob(f"kafka-tools-{version}.jar"):
+        with zipfile.ZipFile(jar) as tools:
+            if "org/apache/kafka/tools/ConfigCommand.class" in tools.namelist():
+                return "org.apache.kafka.tools.ConfigCommand"
+    return "kafka.admin.ConfigCommand"
 
 
 def kafka_libs(version: str | None = None) -> Path:
@@ -645,7 +656,7 @@ class KafkaCluster:
                   if producer_byte_rate is not None else ["--delete-config", "producer_byte_rate"])
         running = ",".join(n.bootstrap for n in self.nodes if n.running) or self.bootstrap
         done = subprocess.run(
-            self._java("kafka.admin.ConfigCommand", "--bootstrap-server", running, "--alter",
+            self._java(config_command(self.version), "--bootstrap-server", running, "--alter",
                        *change, "--entity-type", "clients", "--entity-name", client_id),
             capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0 or "Completed updating config" not in done.stdout:

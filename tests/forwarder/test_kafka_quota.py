@@ -28,6 +28,8 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 from ferry_client import FerryClient, FerryHttp
 from tests.agent_harness import AgentProcess, write_config
 from tests.apache_kafka import KafkaCluster
@@ -56,9 +58,13 @@ def _counter(agent: AgentProcess, name: str, **labels: str) -> float:
     return metric_total(agent.get_json("/status/counters"), name, **labels)
 
 
+@pytest.mark.parametrize("kafka", ["apache_kafka", "newest_kafka"])
 def test_a_backlog_under_a_producer_quota_is_delivered_exactly_once_and_others_go_on(
-    tmp_path: Path, apache_kafka: KafkaCluster
+    tmp_path: Path, request: pytest.FixtureRequest, kafka: str
 ) -> None:
+    """On the pinned Kafka and on the newest release (issue #36 was found on 4.4)."""
+    apache_kafka: KafkaCluster = request.getfixturevalue(kafka)
+    print(f"Apache Kafka {apache_kafka.version}")
     run = uuid.uuid4().hex[:8]
     client_id = f"ferry-quota-{run}"
     alo, eo, other = f"quota-{run}", f"quota-eo-{run}", f"quota-other-eo-{run}"
