@@ -794,7 +794,8 @@ class ExactlyOnce:
                                                               settings.max_message_bytes,
                                                               oldest):
             if partial_failure:
-                waits = self._waits_for_reach(topic, layout, mid, v, flags, pk, key)
+                waits = self._waits_for_reach(topic, layout, settings, gen, mid, v, flags, pk,
+                                              key)
                 if waits is not None:
                     if window:
                         self._close_window(p)
@@ -869,14 +870,19 @@ class ExactlyOnce:
             self._close_window(p)
         return sent, False
 
-    def _waits_for_reach(self, topic: str, layout: TopicLayout | None, mid: bytes, v: bytes,
-                         flags: int, pk: int, key: bytes | None) -> int | None:
+    def _waits_for_reach(self, topic: str, layout: TopicLayout | None, settings: TopicConfig,
+                         gen: int, mid: bytes, v: bytes, flags: int, pk: int,
+                         key: bytes | None) -> int | None:
         """The partition this message must wait for (partitioner.waits_for_reach), noted on
-        the topic's row; None when it can go."""
+        the topic's row; None when it can go, or when it is not to be sent at all (corrupt,
+        expired, too large...: the general path discards it, by eligibility.py's rule, rather
+        than holding its topic for a partition it will never be sent to)."""
         if flags == NOT_PLAIN:
             m = message(topic, mid, v)
-            if not isinstance(m, StoredMessage):
-                return None  # corrupt: the general path discards it
+            if not isinstance(m, StoredMessage) or eligibility.judge(
+                    m, settings, gen, settings.max_message_bytes,
+                    int(time.time() * 1000)) is not None:
+                return None
             r = m.record
             partition = waits_for_reach(layout, r.partition_key, r.hash_key, r.key)
         else:

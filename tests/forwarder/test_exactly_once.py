@@ -176,3 +176,39 @@ def test_committed_transactions_are_signalled_to_the_http_stage(
     assert sorted(r.value for r in records) == values
     committed = {r.header("ferry-id") for r in records}
     assert {b"eo-signal:" + i.hex().encode() for i in delivered} == committed
+
+
+def test_only_a_sendable_keyed_message_waits_for_a_partition_out_of_reach(
+    tmp_path: Path,
+) -> None:
+    """A partial failure, broker 2 out of reach (partitions 1 and 3): a PartitionKey message
+    for partition 1 holds its topic; one the eligibility rule discards (too large) does not,
+    so it is discarded with its reason instead of waiting; one for a reachable partition goes.
+    No broker: the sender is built on an address nothing answers and never sends."""
+    from agent.buffer.store import Store
+    from agent.forwarder.partitioner import TopicLayout
+    from agent.forwarder.plain import plain_values
+    from agent.metrics import Registry
+    from agent.records import Record
+    from tests.forwarder.zombie import exactly_once_sender
+
+    config = load_config(write_config(
+        tmp_path, "127.0.0.1:9", http=False,
+        topics={"t": {"delivery": "exactly_once", "acks": "all", "max_message_bytes": 100}},
+        forwarder={"agent_id": "reach-unit"}))
+    layout = TopicLayout((0, 1, 2, 3), (0, 1, 2, 3), leaders=(1, 2, 1, 2))
+    layout.route_around(frozenset({2}))
+    with Store(config.buffer.path, config.buffer.max_bytes) as store:
+        store.append([[Record("t", b"cut", partition_key=1),
+                       Record("t", b"x" * 200, partition_key=1),  # over max_message_bytes
+                       Record("t", b"reached", partition_key=2)]])
+        sender = exactly_once_sender(config, store, Registry())
+        settings = config.topic("t")
+        gen = store.generation("t")
+        values = store.read_values("t", None, 10)
+        waits = [sender._waits_for_reach("t", layout, settings, gen, mid, v, flags, pk, key)
+                 for mid, v, flags, _, pk, key, _ in plain_values(
+                     values, gen, False, settings.max_message_bytes)]
+        assert waits == [1, None, None]
+        assert sender.held()["t"]["error"] == "BROKER_OUT_OF_REACH"
+        assert "partition 1" in str(sender.held()["t"]["detail"])

@@ -141,7 +141,7 @@ def _identity_coordinated_by(cluster: KafkaCluster, node: int, prefix: str) -> s
         maker = Producer({"bootstrap.servers": cluster.bootstrap,
                           "transactional.id": f"{prefix}-maker"})
         maker.init_transactions(60)
-        maker.flush(0)
+        maker.close()
     return next(f"{prefix}-{i}" for i in range(64)
                 if cluster.transaction_coordinator(f"ferry-{prefix}-{i}") == node)
 
