@@ -298,6 +298,15 @@ def _id_map(path: Path) -> dict[int, str]:
     return entries
 
 
+def _pid_one_of_its_namespace(proc_dir: Path) -> bool:
+    """Whether /proc/PID/status's NSpid line names the process PID 1 of a nested namespace."""
+    for line in (proc_dir / "status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            ids = line.split()[1:]
+            return len(ids) > 1 and ids[-1] == "1"
+    return False
+
+
 def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30) -> int:
     """SIGTERM, wait, SIGKILL if it will not stop; the exit status."""
     if proc.poll() is None:
@@ -338,24 +347,36 @@ class Container:
         try:
             self.init_pid = wait_until(self._find_init, timeout=30,
                                        message="systemd in the container")
-            state = wait_until(self._boot_finished, timeout=90,
-                               message="the container to finish booting")
+            try:
+                state = wait_until(self._boot_finished, timeout=90,
+                                   message="the container to finish booting")
+            except AssertionError as exc:
+                jobs = self.run("systemctl", "list-jobs", "--no-pager", check=False, timeout=20)
+                raise AssertionError(f"{exc}\njobs:\n{jobs.stdout}{jobs.stderr}\n"
+                                     f"nspawn:\n{self.logs()}") from exc
             assert state in ("running", "degraded"), f"container boot: {state}\n{self.logs()}"
         except BaseException:
             self.cleanup()
             raise
 
     def _find_init(self) -> int | None:
+        """The nspawn child that is PID 1 of its own PID namespace.
+
+        nspawn's short-lived outer child is also its child for a moment; taking that one (more
+        likely on a loaded host) pointed every later nsenter at a process that had gone.
+        """
         if self.proc.poll() is not None:
             raise AssertionError(f"systemd-nspawn exited {self.proc.returncode}:\n{self.logs()}")
         for stat in Path("/proc").glob("[0-9]*/stat"):
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, IndexError, ValueError):
                 fields = stat.read_text().rsplit(")", 1)[1].split()
-                if int(fields[1]) == self.proc.pid:
+                if int(fields[1]) == self.proc.pid and _pid_one_of_its_namespace(stat.parent):
                     return int(stat.parent.name)
         return None
 
     def _boot_finished(self) -> str | None:
+        if not Path(f"/proc/{self.init_pid}").exists():
+            raise AssertionError(f"the container's init {self.init_pid} is gone:\n{self.logs()}")
         state = self.run("systemctl", "is-system-running", check=False).stdout.strip()
         # "offline": systemctl cannot reach PID 1 yet.
         return None if state in ("offline", "initializing", "starting", "") else state
