@@ -1,5 +1,5 @@
 """A broker restart on exactly-once topics (issue 22): nothing acknowledged lost, nothing
-twice, per-key order kept, for a read_committed reader. (The 30 s blackhole runs on
+twice, per-key order kept, for a read_committed reader. (The blackhole runs on
 exactly-once twins in test_outage.py.)
 
 The load and the tally are test_outage.py's (keyed, sequenced values over HTTP and
