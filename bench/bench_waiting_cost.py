@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_waiting_cost.py [--versions 4.1.2,4.4.0] [--window 20]
                                                  [--rate 340]
+                                                 [--delivery exactly_once]
                                                  [--forwarder KEY=VALUE ...]
 
 For each Apache Kafka version: a dedicated 3-node KRaft cluster (``tests/apache_kafka.py``,
@@ -22,7 +23,9 @@ the busiest threads, the host's TCP connects and refused connects per second
 are what refuse while the nodes are dead), and, during the trickle, how long after the kill
 the cluster turned ``down`` and ``/status/health`` CRITICAL, with the reason. Finally the
 nodes are started again, the buffer drains, and a consumer counts what arrived (lost must
-be 0).
+be 0). With ``--delivery exactly_once`` the topic is an exactly-once one, read back
+``read_committed``: duplicated must be 0 too, and the transactions committed and given up
+are reported.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from tests.agent_harness import AgentProcess, write_config  # noqa: E402
 from tests.apache_kafka import KafkaCluster, kafka_version, newest_kafka_version  # noqa: E402
 from tests.kafka import read_topic  # noqa: E402
 from tests.proc_stats import group_pids  # noqa: E402
+from tests.reliability.harness import metric_total  # noqa: E402
 from tests.waiting import wait_until  # noqa: E402
 
 PARTITIONS = 3
@@ -167,8 +171,12 @@ def run_version(version: str, root: Path, args: argparse.Namespace) -> dict[str,
         for item in args.forwarder:
             key, value = item.split("=", 1)
             forwarder[key] = int(value) if value.isdigit() else value
+        settings: dict[str, Any] = {"acks": "all"}
+        if args.delivery == "exactly_once":
+            settings["delivery"] = "exactly_once"
+        out["delivery"] = args.delivery
         config = write_config(root / "agent", cluster.bootstrap,
-                              topics={topic: {"acks": "all"}}, forwarder=forwarder,
+                              topics={topic: settings}, forwarder=forwarder,
                               outage_after_seconds=OUTAGE_AFTER)
         with AgentProcess(config) as agent:
             meter = Meter(agent)
@@ -232,9 +240,15 @@ def run_version(version: str, root: Path, args: argparse.Namespace) -> dict[str,
                             "buffer drained once the nodes are back")
             out["drained_after_restart_s"] = round(took, 1)
             out["restart_to_drained_s"] = round(time.monotonic() - back_at, 1)
-        values = {int(m.value) for m in read_topic(cluster.bootstrap, topic, 60)
-                  if m.value is not None}
-        out["lost"] = len(set(range(sent)) - values)
+            counters = agent.get_json("/status/counters")
+            out["transactions"] = {name: metric_total(counters, name)
+                                   for name in ("transactions_committed",
+                                                "transactions_aborted")}
+        got = [int(m.value) for m in read_topic(cluster.bootstrap, topic, 60,
+                                                 read_committed=True)
+               if m.value is not None]
+        out["lost"] = len(set(range(sent)) - set(got))
+        out["duplicated"] = len(got) - len(set(got))
     return out
 
 
@@ -245,6 +259,8 @@ def main() -> None:
                         help="seconds of each measuring window")
     parser.add_argument("--rate", type=float, default=340.0,
                         help="datagrams/s during the trickle window")
+    parser.add_argument("--delivery", choices=("at_least_once", "exactly_once"),
+                        default="at_least_once", help="the topic's delivery mode")
     parser.add_argument("--forwarder", action="append", default=[],
                         help="a [forwarder] setting for the agent, KEY=VALUE (repeatable)")
     args = parser.parse_args()

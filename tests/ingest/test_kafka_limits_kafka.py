@@ -2,10 +2,13 @@
 (max.message.bytes) and 60 s ahead (message.timestamp.after.max.ms). Once the forwarder
 learnt those limits, what the topic can never take is refused before it is acknowledged
 (HTTP 413 naming the limit; a datagram counted), what it takes is accepted and delivered,
-counted at a real consumer. And the rule's exact batch size against the broker itself."""
+counted at a real consumer. The same for spool files of both strategies (a binary file's
+blocks, a hand-made file's records): the record the topic never takes is left out and counted,
+the rest of its file delivered. And the rule's exact batch size against the broker itself."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
@@ -16,6 +19,8 @@ from confluent_kafka import KafkaError, Producer
 
 from agent.record_batch import batch_of_one
 from ferry_client import FerryClient, FerryHttp, PublishRejected
+from spool.format import SpoolRecord
+from spool.writer import write_spool_file
 from tests.agent_harness import AgentProcess, write_config
 from tests.apache_kafka import KafkaCluster
 from tests.forwarder.apache_delivery import tally, values
@@ -30,6 +35,16 @@ def _counter(agent: AgentProcess, name: str, **labels: str) -> float:
     return metric_total(agent.get_json("/status/counters"), name, **labels)
 
 
+def _drop_aged(path: Path, data: bytes) -> None:
+    """A hand-made file finished a minute ago (fresh ones are left to settle), renamed into
+    place so the agent never sees it young."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    past = time.time() - 60
+    os.utime(tmp, (past, past))
+    os.rename(tmp, path)
+
+
 def _compressible(size: int) -> bytes:
     return (b"the same few words again and again " * (size // 30 + 1))[:size]
 
@@ -39,8 +54,9 @@ def test_what_a_limited_topic_can_never_take_is_refused_at_intake(
 ) -> None:
     topic = f"limited-{uuid.uuid4().hex[:8]}"
     apache_kafka.create_topic(topic, 2, config=LIMITS)
-    config = write_config(tmp_path / "agent", apache_kafka.bootstrap,
+    config = write_config(tmp_path / "agent", apache_kafka.bootstrap, spool=True,
                           topics={topic: {"acks": "all"}})
+    spool = tmp_path / "agent" / "spool"
     acknowledged: list[bytes] = []
     with AgentProcess(config) as agent, FerryHttp(agent.http_url, timeout=30.0,
                                                   attempts=1) as http:
@@ -79,6 +95,34 @@ def test_what_a_limited_topic_can_never_take_is_refused_at_intake(
                                     reason="too_large_for_topic") == 1,
                    timeout=10, message="the 413 counted")
         acknowledged += neighbours
+
+        # Spool files: a binary one (its blocks stored as they are) and a hand-made one (its
+        # lines as records), each with a record too large and one from the future.
+        binary = [SpoolRecord(topic, f"spooled-{i:03d}".encode(), partition_key=i % 2)
+                  for i in range(100)]
+        binary.insert(30, SpoolRecord(topic, os.urandom(20_000)))
+        binary.insert(60, SpoolRecord(topic, b"spooled from the future",
+                                      timestamp_ms=now + HOURS_2))
+        write_spool_file(spool, "limited.ferry", binary)
+        lines = [f"line-{i:03d}" for i in range(50)]
+        rows: list[dict[str, object]] = [{"value": line} for line in lines]
+        rows.insert(10, {"value": os.urandom(10_000).hex()})
+        rows.insert(20, {"value": "line from the future", "timestamp": now + HOURS_2})
+        (spool / topic).mkdir()
+        _drop_aged(spool / topic / "people.jsonl",
+                   b"".join(json.dumps(row).encode() + b"\n" for row in rows))
+
+        def spooled() -> tuple[float, dict[str, float]]:
+            return (_counter(agent, "messages_accepted", source="spool"),
+                    {reason: _counter(agent, "messages_rejected", source="spool",
+                                      reason=reason)
+                     for reason in ("too_large_for_topic", "timestamp_out_of_range")})
+
+        wait_until(lambda: spooled()[0] >= 150 and sum(spooled()[1].values()) >= 4,
+                   timeout=30, message="both spool files taken")
+        assert spooled() == (150, {"too_large_for_topic": 2, "timestamp_out_of_range": 2})
+        acknowledged += [r.value for r in binary if r.value.startswith(b"spooled-")]
+        acknowledged += [line.encode() for line in lines]
         wait_until(lambda: agent.buffered() == {}, timeout=60, interval=0.5,
                    message="the buffer drained")
         assert _counter(agent, "messages_discarded") == 0

@@ -1,6 +1,7 @@
 """Outage: the local cluster blackholed (a network partition, not a clean shutdown) for 15 s
-under load (``FERRY_RELIABILITY_OUTAGE_SECONDS``): three message timeouts of 5 s. Nothing acknowledged is lost, and messages with one partition key reach their
-partition in the order they were sent.
+under load (``FERRY_RELIABILITY_OUTAGE_SECONDS``): three message timeouts of 5 s. Nothing
+acknowledged is lost, and messages with one partition key reach their partition in the order
+they were sent.
 
 The broker sits behind a TcpProxy (tests/kafka.py): in a blackhole connections stay open and
 every byte is dropped both ways, so requests in flight hang until librdkafka times them out

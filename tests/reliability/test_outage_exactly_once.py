@@ -15,6 +15,8 @@ import json
 import threading
 from pathlib import Path
 
+import pytest
+
 from tests.agent_harness import write_config
 from tests.kafka import Broker, ConsumedMessage, create_topic, read_topic
 from tests.reliability.harness import Agent, metric_total
@@ -26,6 +28,10 @@ from tests.reliability.keyed_load import (
     tally_of,
 )
 from tests.waiting import wait_until
+
+# Mostly waits (a broker stopped and started under load): run beside the Apache Kafka tests
+# (tests/conftest.py, in_waiting_part).
+pytestmark = pytest.mark.waiting
 
 
 def _committed(bootstrap: str, topic: str) -> list[ConsumedMessage]:
