@@ -1,5 +1,7 @@
 """HTTPS (``http.tls_listen``): the same publish path over TLS, with optional client
-certificates (mTLS), tried with curl as a client would, beside the plain listener.
+certificates (mTLS), tried with curl as a client would, beside the plain listener, and
+with a client on a raw socket where the test must end one side of the connection alone
+(close_notify, a FIN: issue #37 N7).
 
 Certificates are made per test by tests/certificates.py (openssl). Every case counts what
 reached the buffer: a refused handshake stores nothing.
@@ -16,6 +18,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +34,7 @@ from agent.ingest.http.server import HttpBindError, HttpServer
 from agent.ingest.runtime import Runtime
 from agent.metrics import Registry
 from tests.certificates import CertificateAuthority, Issued
+from tests.http import raw
 from tests.http.harness import Served, make_config
 from tests.waiting import wait_until
 
@@ -321,3 +325,202 @@ def test_a_renewed_certificate_serves_new_connections_without_a_restart(
     assert _publish(served, "old trust", "--cacert", str(ca.cert)).returncode != 0
     assert [m.record.value for m in served.messages("tls")] == [b"before", b"meanwhile",
                                                                  b"after"]
+
+
+# -- half-close: the client's close_notify or FIN ends only its sending side (#37 N7) --------
+
+class _Client:
+    """A TLS client on a raw socket (``ssl.SSLObject`` over memory BIOs), so that either end
+    of its sending side can be sent alone: ``close_notify`` (``unwrap()``) with the TCP
+    connection left open, or a TCP FIN (``shutdown(SHUT_WR)``) without ``close_notify``."""
+
+    def __init__(self, port: int, ca: CertificateAuthority,
+                 version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_3,
+                 receive_buffer: int | None = None) -> None:
+        context = ssl.create_default_context(cafile=str(ca.cert))
+        context.minimum_version = context.maximum_version = version
+        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.tls = context.wrap_bio(self.incoming, self.outgoing, server_hostname="127.0.0.1")
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if receive_buffer is not None:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        self.sock.settimeout(WAIT)
+        self.sock.connect(("127.0.0.1", port))
+        while True:
+            try:
+                self.tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                self._flush()
+                data = self.sock.recv(65536)
+                assert data, "the server closed during the handshake"
+                self.incoming.write(data)
+        self._flush()
+        assert self.tls.version() == version.name.replace("_", ".")
+
+    def _flush(self) -> None:
+        if self.outgoing.pending:
+            self.sock.sendall(self.outgoing.read())
+
+    def send(self, data: bytes) -> None:
+        self.tls.write(data)
+        self._flush()
+
+    def close_notify(self) -> None:
+        with contextlib.suppress(ssl.SSLWantReadError):  # the server's not awaited
+            self.tls.unwrap()
+        self._flush()
+
+    def read_until_closed(self) -> tuple[bytes, str]:
+        """What the server sends until it ends, and how it ended: ``close_notify`` (sent
+        after its answers) or ``eof`` (the TCP connection closed without one)."""
+        got = b""
+        while True:
+            try:
+                data = self.tls.read(65536)
+            except ssl.SSLWantReadError:
+                data = self.sock.recv(65536)
+                if not data:
+                    return got, "eof"
+                self.incoming.write(data)
+                continue
+            except ssl.SSLZeroReturnError:
+                return got, "close_notify"
+            if not data:
+                return got, "close_notify"
+            got += data
+
+
+def _gone(served: Served) -> None:
+    wait_until(lambda: not served.server.connections.open, timeout=WAIT,
+               message="the connection released")
+
+
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_3, ssl.TLSVersion.TLSv1_2],
+                         ids=lambda version: version.name)
+def test_publishes_followed_by_close_notify_are_answered(
+    serve: Callable[..., Served], ca: CertificateAuthority, server_cert: Issued,
+    version: ssl.TLSVersion
+) -> None:
+    """A client's close_notify ends its sending side only (RFC 8446 §6.1), as a FIN does over
+    plain HTTP: its whole requests are answered, then Ferry's own close_notify comes. The
+    TLS transport of asyncio and uvloop closed at once: stored, never answered. TLS 1.2
+    asks for the close at once instead (RFC 5246 §7.2.1); answered there too: a client that
+    has gone drops the answers, one that still reads gets them."""
+    served = serve(http=_tls(ca, server_cert))
+    client = _Client(served.server.tls_port, ca, version)
+    client.send(raw.publish("tls", b"first") + raw.publish("tls", b"second"))
+    client.close_notify()
+    answers, ended = client.read_until_closed()
+    client.sock.close()
+    assert [raw.status(a) for a in raw.split_answers(answers)] == [202, 202]
+    assert ended == "close_notify"
+    assert [m.record.value for m in served.messages("tls")] == [b"first", b"second"]
+    _gone(served)
+
+
+def test_a_publish_followed_by_a_fin_without_close_notify_is_answered(
+    serve: Callable[..., Served], ca: CertificateAuthority, server_cert: Issued
+) -> None:
+    """A TCP FIN without close_notify may be a truncation, but each request received whole
+    was authenticated record by record: it is answered, as over plain HTTP. One cut short
+    is dropped (the test below)."""
+    served = serve(http=_tls(ca, server_cert))
+    client = _Client(served.server.tls_port, ca)
+    client.send(raw.publish("tls", b"before the fin"))
+    client.sock.shutdown(socket.SHUT_WR)
+    answers, ended = client.read_until_closed()
+    client.sock.close()
+    assert [raw.status(a) for a in raw.split_answers(answers)] == [202]
+    assert ended == "close_notify"
+    assert [m.record.value for m in served.messages("tls")] == [b"before the fin"]
+    _gone(served)
+
+
+@pytest.mark.parametrize("how", ["close_notify", "fin"])
+def test_an_end_of_sending_in_the_middle_of_a_body_stores_nothing(
+    serve: Callable[..., Served], ca: CertificateAuthority, server_cert: Issued, how: str
+) -> None:
+    served = serve(http=_tls(ca, server_cert))
+    client = _Client(served.server.tls_port, ca)
+    client.send(raw.publish("tls", b"0123456789")[:-4])
+    if how == "close_notify":
+        client.close_notify()
+    else:
+        client.sock.shutdown(socket.SHUT_WR)
+    assert client.read_until_closed() == (b"", "close_notify")
+    client.sock.close()
+    _gone(served)
+    assert served.messages("tls") == []
+    assert served.counter("http_requests", route="publish", status="499") == 1
+
+
+def test_an_idle_client_s_close_notify_is_answered_with_the_server_s(
+    serve: Callable[..., Served], ca: CertificateAuthority, server_cert: Issued
+) -> None:
+    served = serve(http=_tls(ca, server_cert))
+    client = _Client(served.server.tls_port, ca)
+    client.send(raw.publish("tls", b"one"))
+    head = b""  # the answer, read on the open connection
+    while b"\r\n\r\n" not in head:
+        try:
+            head += client.tls.read(65536)
+        except ssl.SSLWantReadError:
+            client.incoming.write(client.sock.recv(65536))
+    assert raw.status(head) == 202
+    client.close_notify()
+    assert client.read_until_closed()[1] == "close_notify"
+    client.sock.close()
+    _gone(served)
+
+
+def test_pipelined_and_large_requests_over_tls_are_read_whole(
+    serve: Callable[..., Served], ca: CertificateAuthority, server_cert: Issued
+) -> None:
+    """Reading pauses under TLS as over TCP: 40 pipelined publishes (the queue holds 32
+    before reading pauses) and a 900 KB body (parsed 16 KiB a loop step, reading paused
+    between), all in one go with close_notify after them; every one is answered."""
+    served = serve(http=_tls(ca, server_cert))
+    client = _Client(served.server.tls_port, ca)
+    big = bytes(range(256)) * (900_000 // 256)
+    sent = [b"p%d" % i for i in range(40)] + [big, b"last"]
+    client.send(b"".join(raw.publish("tls", body) for body in sent))
+    client.close_notify()
+    answers, ended = client.read_until_closed()
+    client.sock.close()
+    assert [raw.status(a) for a in raw.split_answers(answers)] == [202] * len(sent)
+    assert ended == "close_notify"
+    assert [m.record.value for m in served.messages("tls")] == sent
+    _gone(served)
+
+
+def test_a_tls_client_that_never_reads_its_answers_is_dropped(
+    serve: Callable[..., Served], ca: CertificateAuthority, server_cert: Issued
+) -> None:
+    """The TCP transport's write flow control reaches the HTTP protocol through TLS: answers
+    piled up unread pause its writing, and the write deadline drops the connection."""
+    served = serve(http={**_tls(ca, server_cert), "write_timeout_seconds": 0.5})
+    client = _Client(served.server.tls_port, ca, receive_buffer=4096)
+    requests = b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n" * 16  # KiBs per answer
+
+    def send() -> None:
+        with contextlib.suppress(OSError):  # dropped by the server: what the test waits for
+            for _ in range(2 * 1024 * 1024 // len(requests)):  # bounded: 2 MiB of requests
+                client.send(requests)
+
+    sender = threading.Thread(target=send, daemon=True)
+    stalled: list[object] = []
+
+    def dropped() -> bool:
+        open_now = list(served.server.connections.open)
+        stalled.extend(c for c in open_now if c.write_paused and not stalled)
+        return not open_now
+
+    try:
+        sender.start()
+        wait_until(dropped, timeout=WAIT,
+                   message="the non-reading client dropped at the write deadline")
+    finally:
+        client.sock.close()
+        sender.join(timeout=WAIT)
+    assert stalled, "the server's writing never paused"

@@ -56,12 +56,12 @@ from typing import Any, cast
 import httptools
 
 from agent import reasons
-from agent.ingest.http import tls
 from agent.ingest.http.budget import BodyBudget
 from agent.ingest.http.errors import HttpError
 from agent.ingest.http.gunzip import GzipBody, Spent
 from agent.ingest.http.publish import Headers, Reply
 from agent.ingest.http.routing import PREFIX, publish_target
+from agent.ingest.http.tls_stream import start_tls
 from agent.process.log_limit import LogLimit
 
 log = logging.getLogger(__name__)
@@ -326,7 +326,7 @@ class HttpProtocol(asyncio.Protocol):
         self.publish = publish
         self.body_limit = body_limit
         self.read_limit = read_limit
-        # HTTPS: TLS is started on the admitted TCP connection (tls.start_now), so a
+        # HTTPS: TLS is started on the admitted TCP connection (tls_stream.start_tls), so a
         # handshake counts against the cap and has the headers' deadline, as a slow client.
         self.tls = tls
         self.too_large = too_large
@@ -400,8 +400,8 @@ class HttpProtocol(asyncio.Protocol):
             # Nothing is parsed until the handshake is done: the TLS protocol reads the
             # connection from here on and hands this one only what it decrypts.
             self.stopped = True
-            tls.start_now(self.loop, transport, self, self.tls, self.limits.header_timeout,
-                          functools.partial(self._tls_started, transport))
+            start_tls(self.loop, transport, self, self.tls, self.limits.header_timeout,
+                      functools.partial(self._tls_started, transport))
 
     def _tls_started(self, plain: asyncio.Transport, secure: asyncio.Transport | None,
                      error: BaseException | None) -> None:

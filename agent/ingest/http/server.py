@@ -200,7 +200,7 @@ class HttpServer:
 
             def secure() -> HttpProtocol:
                 # Plain TCP, admitted under the cap like any connection; each starts TLS
-                # itself (tls.start_now), so handshakes in progress are bounded too. The
+                # itself (tls_stream.start_tls), so handshakes in progress are bounded too. The
                 # context is read per connection: a renewed certificate serves new ones.
                 return protocol(files.context)
 

@@ -1,18 +1,18 @@
 """The HTTPS listener's TLS settings (``http.tls_*``): its ``ssl.SSLContext``, built at start
-and rebuilt when its files change (``TlsFiles``), and the start of TLS on a connection.
+and rebuilt when its files change (``TlsFiles``).
 
-TLS is the standard library's (``ssl``, OpenSSL) under uvloop's transport; the HTTP on top of
-it is the same protocol, limits and connection cap as the plain listener's (protocol.py).
-What TLS changes:
+TLS is the standard library's (``ssl``, OpenSSL) in Ferry's own layer over the TCP transport
+(tls_stream.py); the HTTP on top of it is the same protocol, limits and connection cap as
+the plain listener's (protocol.py). What TLS changes:
 
 - TLS 1.2 at least; ALPN offers ``http/1.1`` only (Ferry speaks no HTTP/2).
 - With ``tls_client_ca_file`` a client must present a certificate one of those CAs signed
   (mTLS); a handshake without one fails, before any request is read.
 - The TCP connection is admitted under the connection cap first, and TLS started on it
-  (``start_now``, from ``HttpProtocol.connection_made``), so a handshake in progress
-  counts against the cap, can be closed to make room like any waiting connection, and
-  must finish within the headers' deadline (``header_timeout_seconds``, from the
-  connection's start). uvloop's own TLS listener would hide handshakes from the protocol
+  (``tls_stream.start_tls``, from ``HttpProtocol.connection_made``), so a handshake in
+  progress counts against the cap, can be closed to make room like any waiting
+  connection, and must finish within the headers' deadline (``header_timeout_seconds``,
+  from the connection's start). uvloop's own TLS listener would hide handshakes from the protocol
   until they finish: a flood of them would hold descriptors beyond the cap.
 - Bytes that are not TLS (plain HTTP on this port) are never parsed as requests: the
   handshake fails on them and the connection closes, nothing stored.
@@ -21,18 +21,17 @@ What TLS changes:
   get it; open ones keep theirs. Files that do not load (a key written before its
   certificate, a half-copied file) leave the current context serving, with a warning, and
   are tried again when they change again. So a renewed certificate needs no restart.
-- TLS has no half-close here: a client's ``close_notify`` ends the connection, so a client
-  that shuts its sending side before reading its answers loses them (plain HTTP answers
-  them).
+- A client's ``close_notify``, or its TCP FIN, ends only its sending side, as a FIN does
+  over plain HTTP: the requests it sent whole are answered, then Ferry sends its own
+  ``close_notify`` and closes (tls_stream.py; asyncio's TLS transport closed at once, and
+  the answers were lost).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import ssl
-from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -110,38 +109,3 @@ def _seen(path: Path) -> _Seen:
         return None
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
-
-def start_now(loop: asyncio.AbstractEventLoop, transport: asyncio.Transport,
-              protocol: asyncio.Protocol, context: ssl.SSLContext, handshake_timeout: float,
-              done: Callable[[asyncio.Transport | None, BaseException | None], None]) -> None:
-    """Start server-side TLS on ``transport`` before returning; ``done`` is called with the
-    TLS transport once the handshake is over, or with None and why if it failed.
-
-    Called from ``connection_made()``. uvloop starts reading a new connection when
-    ``connection_made()`` returns and ignores a ``pause_reading()`` made in it (asyncio had
-    the same defect, CPython gh-103607). TLS started from a task would begin one loop
-    iteration later, and a ClientHello already waiting would reach the HTTP protocol,
-    which cannot hand it on: the handshake stalled until the headers' deadline. So the
-    first step of ``loop.start_tls()``, which puts the TLS protocol in front of the
-    transport, runs here; the coroutine is then resumed as each future it waits for is
-    done, as a task would resume it. Bytes read before the TLS protocol's own
-    ``connection_made()`` (scheduled by that first step) wait in its incoming buffer for the
-    handshake; tests/http/test_tls.py sends ClientHellos that are waiting at accept.
-    """
-    handshake = loop.start_tls(transport, protocol, context, server_side=True,
-                               ssl_handshake_timeout=handshake_timeout)
-
-    def step(_: object = None) -> None:
-        try:
-            waiting = handshake.send(None)
-        except StopIteration as finished:
-            done(finished.value, None)
-        except Exception as exc:  # noqa: BLE001 - any failed handshake: refused, reset, ...
-            done(None, exc)
-        else:
-            if isinstance(waiting, asyncio.Future):
-                waiting.add_done_callback(step)
-            else:  # a bare yield: go on next iteration
-                loop.call_soon(step)
-
-    step()

@@ -1,0 +1,269 @@
+"""The HTTPS listener's TLS layer: the TCP connection's protocol and ``HttpProtocol``'s
+transport, over the standard library's ``ssl.SSLObject`` (OpenSSL on memory BIOs).
+
+Why not ``loop.start_tls()``: asyncio's and uvloop's TLS protocol, on a client's
+``close_notify``, passes ``eof_received()`` on and then shuts the connection down itself, and
+on a TCP EOF it shuts it down too: the answers to requests sent before, still being made,
+were dropped unwritten (issue #37, N7). TLS 1.3 makes ``close_notify`` end only its sender's
+direction (RFC 8446 §6.1), as a TCP FIN ends one; the answers may still be sent. Here:
+
+- The server's handshake runs on the connection as accepted: ``start_tls`` puts the stream
+  in front of the TCP transport before ``connection_made()`` returns, so a ClientHello
+  already waiting reaches it. ``done(stream, None)`` once it is over, ``done(None, error)``
+  if it failed (an ``ssl.SSLError`` for a TLS error, an ``OSError`` for a client that hung
+  up or took longer than ``handshake_timeout``); a failed one is aborted.
+- What decrypts goes to the protocol's ``data_received()`` a record at a time, only while it
+  reads: after its ``pause_reading()`` the rest waits as ciphertext (the TCP transport
+  paused too, so at most one read of it).
+- The client's ``close_notify``, or its TCP EOF without one, is the protocol's
+  ``eof_received()``, as a FIN is over plain TCP; the write side stays open until the
+  protocol closes. An EOF without ``close_notify`` may be a truncation, but every request
+  received whole was authenticated record by record, and one cut short is dropped by the
+  protocol, as over plain TCP: answering the whole ones tells an attacker who cut the
+  connection nothing, and loses a client nothing.
+- ``close()`` sends ``close_notify`` after what was written, then closes the TCP transport
+  once its buffer is out; ``abort()`` drops it at once.
+- Every ``write()`` is encrypted and handed to the TCP transport at once: its buffer is the
+  only one, so its write flow control (``pause_writing()``, the buffer size and limits) is
+  the protocol's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+# done(stream, None) after a handshake, done(None, why) for one that failed.
+Done = Callable[[asyncio.Transport | None, BaseException | None], None]
+# A TLS record holds at most 16 KiB of plaintext, and one read returns at most one record.
+_RECORD = 16 * 1024
+# get_extra_info() names a TLS transport answers itself (asyncio's); the rest are TCP's.
+_TLS_INFO: dict[str, Callable[[ssl.SSLObject], Any]] = {
+    "ssl_object": lambda tls: tls,
+    "sslcontext": lambda tls: tls.context,
+    "peercert": lambda tls: tls.getpeercert(),
+    "cipher": lambda tls: tls.cipher(),
+    "compression": lambda tls: tls.compression(),
+}
+
+
+def start_tls(loop: asyncio.AbstractEventLoop, tcp: asyncio.Transport,
+              protocol: asyncio.Protocol, context: ssl.SSLContext, handshake_timeout: float,
+              done: Done) -> TlsStream:
+    """Start server-side TLS on ``tcp`` before returning. Called from ``connection_made()``:
+    uvloop starts reading a new connection when it returns, whatever was paused there."""
+    stream = TlsStream(loop, tcp, protocol, context, handshake_timeout, done)
+    tcp.set_protocol(stream)
+    return stream
+
+
+class TlsStream(asyncio.Protocol, asyncio.Transport):
+    """One TLS connection: ``tcp``'s protocol, and ``protocol``'s transport once the
+    handshake is over (see the module's docstring)."""
+
+    __slots__ = ("_loop", "_tcp", "_app", "_in", "_out", "_tls", "_done", "_timer",
+                 "_reading", "_tcp_eof", "_ended", "_closing", "_resumed")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, tcp: asyncio.Transport,
+                 protocol: asyncio.Protocol, context: ssl.SSLContext,
+                 handshake_timeout: float, done: Done) -> None:
+        super().__init__()
+        self._loop = loop
+        self._tcp = tcp
+        self._app = protocol
+        self._in = ssl.MemoryBIO()
+        self._out = ssl.MemoryBIO()
+        self._tls = context.wrap_bio(self._in, self._out, server_side=True)
+        self._done: Done | None = done  # None once the handshake is over, either way
+        self._timer = loop.call_later(handshake_timeout, self._too_slow)
+        self._reading = True  # the protocol takes bytes (not paused)
+        self._tcp_eof = False  # the client's TCP EOF came
+        self._ended = False  # the client's end of sending was passed on: nothing more read
+        self._closing = False  # closed or aborted by the protocol (or a TLS error)
+        self._resumed: asyncio.Handle | None = None
+
+    # -- the TCP transport's protocol ------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        if self._ended or self._closing:
+            return  # after the client's close_notify, or once closing: never read
+        self._in.write(data)
+        if self._done is not None:
+            self._handshake()
+        elif self._reading:
+            self._read()
+
+    def eof_received(self) -> bool:
+        if self._tcp_eof:
+            return True
+        self._tcp_eof = True
+        if self._done is not None:
+            self._failed(ConnectionResetError("the client closed during the TLS handshake"))
+        elif self._reading and not self._ended and not self._closing:
+            self._read()  # what is left decrypted first, then the end
+        return True  # the write side stays open: closed by close() or abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        self._timer.cancel()
+        if self._resumed is not None:
+            self._resumed.cancel()
+            self._resumed = None
+        if self._done is not None:
+            self._failed(exc or ConnectionResetError("closed during the TLS handshake"))
+        self._app.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._app.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._app.resume_writing()
+
+    # -- the handshake and reading ---------------------------------------------------------
+    def _handshake(self) -> None:
+        try:
+            self._tls.do_handshake()
+        except ssl.SSLWantReadError:
+            self._flush()
+            return
+        except ssl.SSLError as exc:
+            self._flush()  # the alert that says why, for the client
+            self._failed(exc)
+            return
+        self._flush()  # the server's last flight (and TLS 1.3's session tickets)
+        self._timer.cancel()
+        done, self._done = self._done, None
+        assert done is not None
+        done(self, None)
+        if self._reading and not self.is_closing():
+            self._read()  # a request sent with the handshake's last flight
+
+    def _failed(self, exc: BaseException) -> None:
+        self._timer.cancel()
+        done, self._done = self._done, None
+        if done is not None:
+            done(None, exc)
+        self._closing = True
+        self._tcp.abort()
+
+    def _too_slow(self) -> None:
+        if self._done is not None:
+            self._failed(TimeoutError("the TLS handshake took too long"))
+
+    def _read(self) -> None:
+        """Hand the protocol what decrypts while it reads, then the client's end of sending
+        if it came: its close_notify, or its TCP EOF once nothing more decrypts."""
+        tls, incoming, app = self._tls, self._in, self._app
+        while self._reading and not self._closing:
+            try:
+                data = tls.read(_RECORD)
+            except ssl.SSLWantReadError:
+                break
+            except ssl.SSLZeroReturnError:
+                data = b""
+            except ssl.SSLError:  # a record that does not decrypt, an alert: nothing to save
+                self._flush()
+                self.abort()
+                return
+            if not data:  # the client's close_notify
+                self._end()
+                return
+            app.data_received(data)
+            if not incoming.pending and not tls.pending():
+                break  # all read (spares the SSLWantReadError of one more read)
+        if self._out.pending:
+            self._flush()  # what reading made OpenSSL send (a KeyUpdate's answer)
+        if self._tcp_eof and self._reading and not self._closing:
+            self._end()  # a TCP EOF without close_notify: the same to the protocol
+
+    def _end(self) -> None:
+        """The client sends nothing more and may still read (RFC 8446 §6.1): as a FIN over
+        TCP, the protocol keeps the connection for its answers if its eof_received says
+        so, and closes it after them."""
+        self._ended = True
+        if not self._app.eof_received():
+            self.close()
+
+    def _resume(self) -> None:
+        self._resumed = None
+        if self._reading and not self._ended and not self._closing:
+            self._read()
+
+    def _flush(self) -> None:
+        if self._out.pending:
+            self._tcp.write(self._out.read())
+
+    # -- the protocol's transport ----------------------------------------------------------
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._closing or not data:
+            return  # after close() or abort(), as a closed transport: nothing goes out
+        self._tls.write(data)
+        self._tcp.write(self._out.read())
+
+    def close(self) -> None:
+        """Written answers first, then close_notify, then the TCP transport's close (once
+        its buffer is out). The client's close_notify is not waited for."""
+        if self._closing:
+            return
+        self._closing = True
+        with contextlib.suppress(ssl.SSLError):  # SSLWantReadError: theirs not come yet
+            self._tls.unwrap()
+        self._flush()
+        self._tcp.close()
+
+    def abort(self) -> None:
+        self._closing = True
+        self._tcp.abort()
+
+    def is_closing(self) -> bool:
+        return self._closing or self._tcp.is_closing()
+
+    def can_write_eof(self) -> bool:
+        return False  # TLS ends a side with close_notify, which close() sends
+
+    def write_eof(self) -> None:
+        raise NotImplementedError("TLS ends the write side with close(): close_notify")
+
+    def get_write_buffer_size(self) -> int:
+        return self._tcp.get_write_buffer_size()
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self._tcp.get_write_buffer_limits()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None
+                                ) -> None:
+        self._tcp.set_write_buffer_limits(high, low)
+
+    def pause_reading(self) -> None:
+        self._reading = False
+        if not self._tcp_eof:
+            self._tcp.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._reading:
+            return
+        self._reading = True
+        if not self._tcp_eof:
+            self._tcp.resume_reading()  # never after its EOF: libuv leaves that undefined
+        if self._resumed is None:
+            # Not from inside the call: the protocol resumes from its own callbacks, and
+            # would be handed bytes in the middle of them.
+            self._resumed = self._loop.call_soon(self._resume)
+
+    def is_reading(self) -> bool:
+        return self._reading
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        tls_info = _TLS_INFO.get(name)
+        if tls_info is not None:
+            return tls_info(self._tls)
+        return self._tcp.get_extra_info(name, default)
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        assert isinstance(protocol, asyncio.Protocol)
+        self._app = protocol
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._app
