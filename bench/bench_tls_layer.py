@@ -2,6 +2,7 @@
 protocol it replaced, CPU per request.
 
     .venv/bin/python bench/bench_tls_layer.py [--rounds 4] [--connections 50] [--seconds 5]
+                                              [--handshakes]
 
 Two server processes on uvloop, the same do-nothing protocol (a canned 202 for each 200-byte
 POST) behind each layer: ``uvloop`` (``create_server(ssl=...)``: uvloop's ``SSLProtocol``,
@@ -9,7 +10,10 @@ the class ``loop.start_tls()`` put in front of Ferry's connections before) and `
 (``tls_stream.start_tls`` from ``connection_made()``, as ``HttpProtocol`` does). wrk (one
 thread, TLS, keep-alive) loads each in turn, the order alternating from round to round;
 printed per run and as medians: the server process's CPU per request and requests/s. With no
-HTTP parsing, buffer or writer behind it, the difference is the layers' own.
+HTTP parsing, buffer or writer behind it, the difference is the layers' own. ``--handshakes``:
+each answer says ``connection: close`` and the server closes after it, so every request is a
+new connection and a full TLS handshake (the certificate is tests/certificates.py's EC P-256),
+and the CPU per request is mostly the handshake's, all of it on the event loop.
 """
 
 from __future__ import annotations
@@ -31,12 +35,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 CANNED = b"HTTP/1.1 202 Accepted\r\ncontent-length: 2\r\n\r\n{}"
+CLOSING = b"HTTP/1.1 202 Accepted\r\nconnection: close\r\ncontent-length: 2\r\n\r\n{}"
 SIZE = 200
 LAYERS = ("uvloop", "ferry")
 _LUA = f'wrk.method = "POST"\nwrk.body = string.rep("v", {SIZE})\n'
 
 
-def server_main(layer: str, cert: str, key: str, conn: Connection) -> None:
+def server_main(layer: str, cert: str, key: str, conn: Connection, closing: bool) -> None:
     import uvloop
 
     from agent.ingest.http.tls_stream import start_tls
@@ -62,6 +67,10 @@ def server_main(layer: str, cert: str, key: str, conn: Connection) -> None:
             pending = self.pending + data
             while (head := pending.find(b"\r\n\r\n")) >= 0 and len(pending) >= head + 4 + SIZE:
                 pending = pending[head + 4 + SIZE:]
+                if closing:
+                    self.out.write(CLOSING)
+                    self.out.close()
+                    return
                 self.out.write(CANNED)
             self.pending = pending
 
@@ -86,6 +95,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--connections", type=int, default=50)
     ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--handshakes", action="store_true",
+                    help="a new connection (a TLS handshake) for every request")
     args = ap.parse_args()
     from tests.certificates import CertificateAuthority
 
@@ -99,7 +110,8 @@ def main() -> None:
         for layer in LAYERS:
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=server_main,
-                               args=(layer, str(cert.cert), str(cert.key), child))
+                               args=(layer, str(cert.cert), str(cert.key), child,
+                                     args.handshakes))
             proc.start()
             servers[layer] = (proc, parent, parent.recv())
         try:
@@ -129,7 +141,8 @@ def main() -> None:
     for layer, runs in figures.items():
         print(f"{layer:7} median {statistics.median(c for c, _ in runs):6.1f} us/request "
               f"{statistics.median(r for _, r in runs):8.0f} requests/s "
-              f"({args.connections} connections, {len(runs)} runs)")
+              f"({args.connections} connections, {len(runs)} runs"
+              f"{', a handshake each' if args.handshakes else ''})")
 
 
 if __name__ == "__main__":

@@ -72,9 +72,10 @@ def test_a_flood_of_idle_and_early_answered_connections_starves_nothing(
             assert answer.split(b" ", 2)[1] in (b"201", b"202"), answer
             # The target is 1 s (issue 18; measured 0.2-1.5 s on the shared 2-vCPU test host,
             # most of it the server accepting the 3,000 connections queued ahead of this
-            # one). A timed test must not fail on a loaded host, so it asserts the defect's
+            # one, and 3.2 s once with both parts of the suite and another job on its two
+            # cores). A timed test must not fail on a loaded host, so it asserts the defect's
             # absence: before the cap, new clients got nothing for about 10 s.
-            assert took < 3.0, f"a publish during the flood took {took:.2f} s"
+            assert took < 7.0, f"a publish during the flood took {took:.2f} s"
             # The spool intake opens files in the same process: it must still find
             # descriptors.
             write_spool_file(spool_dir, "flood.ferry",
