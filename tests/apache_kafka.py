@@ -678,22 +678,6 @@ class KafkaCluster:
         futures[name].result(timeout=timeout)
         self.wait_for_leaders(name, total, timeout=timeout)
 
-    def topic_names(self, timeout: float = 10.0) -> set[str]:
-        """The names of the cluster's topics now, Kafka's internal ones included."""
-        admin = self.admin()
-        return set(admin.list_topics(timeout=timeout).topics)
-
-    def drop_topics(self, names: Iterable[str], timeout: float = 30.0) -> None:
-        """Delete ``names`` and return once the controller has (nodes forget them soon
-        after): a test's topics, so that a cluster shared by the session does not carry
-        every earlier test's partitions, each replicated and looked after on every node."""
-        wanted = sorted(names)
-        if not wanted:
-            return
-        admin = self.admin()
-        for future in admin.delete_topics(wanted, request_timeout=timeout).values():
-            future.result(timeout=timeout)
-
     def delete_topic(self, name: str, timeout: float = 30.0) -> None:
         """Delete ``name`` and return once no node knows the deleted topic any more. With
         auto-create on, a client's metadata request may re-create it at once: a topic of

@@ -160,15 +160,10 @@ def apache_kafka(kafka_cluster: KafkaCluster) -> Iterator[KafkaCluster]:
     """The shared cluster, healthy when the test starts (every node up, every partition in
     sync). A test may kill, stop or restart nodes: whatever it left down is started again
     afterwards, and the cluster is healthy again before the next test. Isolate tests with
-    ``unique_topic``, as Kafka's own integration tests do. The topics a test made (its own,
-    the agents' progress topics) are deleted after it: the cluster lives the whole session,
-    and each partition left behind costs every node CPU for the rest of it."""
+    ``unique_topic``, as Kafka's own integration tests do."""
     kafka_cluster.wait_healthy()
-    before = kafka_cluster.topic_names()
     yield kafka_cluster
     kafka_cluster.wait_healthy()
-    kafka_cluster.drop_topics(name for name in kafka_cluster.topic_names() - before
-                              if not name.startswith("__"))
 
 
 # --------------------------------------------------------------------------------------------
