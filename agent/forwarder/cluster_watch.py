@@ -48,6 +48,7 @@ class ClusterWatch:
         self.exactly_once = exactly_once
         self._parked = 0  # local sends of topics the local cluster says do not exist
         self._retrying = 0  # messages the local cluster failed, waiting for a retry to it
+        self._eo_answers = 0  # the exactly-once sender's answers counted so far
         self._next_parked = 0.0
         self._next_gauges = 0.0
 
@@ -67,7 +68,8 @@ class ClusterWatch:
             # of the rest of the cluster, which must not be called down for them.
             stranded = c.stranded()
             if name == LOCAL:
-                h.sends(max(0, c.outstanding() - stranded - self._parked), self._retrying)
+                h.sends(max(0, c.outstanding() + self._transactions(c) - stranded
+                            - self._parked), self._retrying)
             else:
                 h.sends(max(0, c.outstanding() - stranded))
             h.unreachable(c.unreachable_text(), c.partial())
@@ -75,6 +77,18 @@ class ClusterWatch:
             for change in h.changes():
                 self._log_change(change)
                 self._next_gauges = 0.0  # publish a new state at once, not in up to 0.5 s
+
+    def _transactions(self, local: Cluster) -> int:
+        """The exactly-once sender's sends waiting for a commit, counted as outstanding on
+        the local cluster, and its answers (acknowledged sends, commits) as the cluster's
+        acknowledgements. Left out while brokers are out of reach: the sender then leaves
+        their partitions out and aborts what waits on them itself (transactions.py)."""
+        eo = self.exactly_once
+        answers = eo.answers
+        if answers != self._eo_answers:
+            self._eo_answers = answers
+            local.health.acknowledged()
+        return 0 if local.partial() else eo.unanswered()
 
     def _parked_sends(self) -> int:
         """Local sends of topics the local cluster's metadata says do not exist (auto-create

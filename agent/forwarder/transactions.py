@@ -228,6 +228,10 @@ class ExactlyOnce:
         # What the open transaction sent: id -> (topic, stored value), for the verdict on a
         # refused one. Bounded by transaction_max_messages; cleared as each one begins.
         self._sent: dict[bytes, tuple[str, bytes]] = {}
+        # What the cluster's state reads of the transactions (cluster_watch.py, on the
+        # forwarder's thread; an int written here only): a count of the local cluster's
+        # answers to them, each acknowledged send and each commit, that only grows.
+        self.answers = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="exactly-once", daemon=True)
 
@@ -923,6 +927,7 @@ class ExactlyOnce:
         that librdkafka purged its queue after such a refusal."""
         reports = self._reports
         new, self._scanned = reports[self._scanned:], len(reports)
+        self.answers += sum(1 for _, err, _ in new if err is None)
         return any(_refusal(err) for _, err, _ in new)
 
     def _flush(self, p: Producer) -> int:
@@ -989,6 +994,7 @@ class ExactlyOnce:
             producing.produce(p, self.progress_topic, self._progress[topic].encode(),
                               progress_key(self.identity, topic))
         p.commit_transaction(self.commit_timeout)
+        self.answers += 1
         self.registry.inc("transactions_committed")
         self.registry.observe("transaction_seconds", time.monotonic() - started)
         for topic in batches:
@@ -1022,6 +1028,13 @@ class ExactlyOnce:
     def held(self) -> dict[str, dict[str, object]]:
         """The exactly-once topics held back, as stuck topics (held_topics.py)."""
         return self._held.view
+
+    def unanswered(self) -> int:
+        """Messages the open transaction sent that wait for its commit: outstanding sends
+        to the local cluster, as the other producers' queued ones are (health.py), so that
+        a cluster answering metadata but committing nothing (its quorum lost) is called down
+        for them. Read from the forwarder's thread: a flag and a dict's length."""
+        return len(self._sent) if self._in_transaction else 0
 
     def stats(self) -> dict[str, Any]:
         return {"identity": self.identity, "fenced": self._fenced,

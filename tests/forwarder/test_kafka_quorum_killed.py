@@ -225,3 +225,64 @@ def test_quorum_killed_critical_named_cheap_wait_nothing_lost(
     assert min(shares) < CPU_BOUND, figures
     assert after["state"] == "up", after
     assert lost == [], figures
+
+
+@pytest.mark.parametrize("own_kafka", [kafka_version()], indirect=True)
+def test_quorum_killed_exactly_once_critical_named_nothing_lost_nothing_twice(
+    own_kafka: KafkaCluster, unique_topic: str, tmp_path: Path
+) -> None:
+    """The same on an exactly-once topic alone (the pinned version). Its transactions'
+    sends are the only ones: they must count as outstanding on the cluster, or it reads
+    ``up`` while nothing commits (it did: health OK for 40 s, 13,608 messages waiting). The
+    transaction open at the kill is given up at the commit limit; nothing is lost or
+    committed twice once the nodes are back."""
+    cluster, topic = own_kafka, unique_topic
+    cluster.create_topic(topic, PARTITIONS)
+    config = write_config(tmp_path / "agent", cluster.bootstrap,
+                          topics={topic: {"delivery": "exactly_once", "acks": "all"}},
+                          outage_after_seconds=OUTAGE_AFTER)
+    warm = 30
+    with AgentProcess(config) as agent:
+        with FerryClient(agent.socket_path) as client:
+            for seq in range(warm):
+                client.send(topic, b"%06d" % seq, key=b"k%02d" % (seq % 12),
+                            partition_key=seq % 12)
+        wait_until(lambda: topic_row(agent, topic)["delivered"] == warm, timeout=60,
+                   message="warm-up committed")
+
+        survivor = cluster.leader(topic, 0)
+        killed = [n.node_id for n in cluster.nodes if n.node_id != survivor]
+        for node_id in killed:
+            cluster.kill(node_id)
+        trickle = Trickle(agent.socket_path, topic, warm).start()
+        limit = OUTAGE_AFTER + PROBE_INTERVAL + VERDICT_SLACK
+        problem = wait_until(lambda: critical_unacknowledged(agent), timeout=limit,
+                             interval=0.2, message="health CRITICAL naming unacknowledged sends")
+        critical_s = time.monotonic() - trickle.started_at
+        row = cluster_row(agent)
+        sent = trickle.stop()
+        waiting = topic_row(agent, topic)
+
+        back_at = time.monotonic()
+        for node_id in killed:
+            cluster.start_node(node_id, wait=False)
+        wait_until(lambda: (r := topic_row(agent, topic))["delivered"] == sent
+                   and r["discarded"] == 0 and sum(agent.buffered().values()) == 0,
+                   timeout=180, interval=0.2,
+                   message="everything committed once the nodes are back")
+        drained_s = time.monotonic() - back_at
+        wait_until(lambda: health(agent)["status"] != "critical", timeout=30,
+                   message="health no longer CRITICAL once committed")
+    values = [int(m.value) for m in read_topic(cluster.bootstrap, topic, 60,
+                                               read_committed=True) if m.value is not None]
+    lost = sorted(set(range(sent)) - set(values))
+    figures = {"kafka": cluster.version, "killed": killed, "sent": sent,
+               "critical_after_first_send_s": round(critical_s, 1), "problem": problem,
+               "cluster": [row["state"], row["reason"]],
+               "delivered_while_waiting": waiting["delivered"],
+               "drained_after_restart_s": round(drained_s, 1), "lost": len(lost),
+               "duplicated": len(values) - len(set(values))}
+    print(f"\nFIGURES quorum_killed_exactly_once {json.dumps(figures, sort_keys=True)}")
+    assert row["state"] == "down" and "sent, none acknowledged" in row["reason"], figures
+    assert waiting["delivered"] == warm, figures
+    assert lost == [] and len(values) == sent, figures
