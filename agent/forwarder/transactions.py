@@ -86,6 +86,8 @@ STATE_REPORTS_TIMEOUT = 1.0
 # Reports that say librdkafka gave the open transaction up itself (it purges what was queued
 # when a send failed inside it): the refusal behind them may not be reported yet.
 PURGED = {KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
+# How often the messages waiting for a transaction are counted (unanswered), at most.
+WAITING_COUNT_INTERVAL = 1.0
 
 
 def _report(sink: list[tuple[bytes, KafkaError | None, Message]], message_id: bytes,
@@ -232,6 +234,11 @@ class ExactlyOnce:
         # forwarder's thread; an int written here only): a count of the local cluster's
         # answers to them, each acknowledged send and each commit, that only grows.
         self.answers = 0
+        # Exactly-once messages buffered while no transaction is open (the producer being
+        # opened, a topic reconciled, a back-off after trouble): they wait on the cluster as
+        # much as the open transaction's. Counted at most once a second.
+        self._waiting = 0
+        self._waiting_at = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="exactly-once", daemon=True)
 
@@ -278,7 +285,13 @@ class ExactlyOnce:
         if not owned:
             self._park_when_idle(now)
         if not topics:
+            self._waiting = 0
             return False
+        if now >= self._waiting_at:
+            self._waiting_at = now + WAITING_COUNT_INTERVAL
+            wanted = set(topics)
+            self._waiting = sum(s.messages for s in self.store.topic_stats()
+                                if s.topic in wanted)
         if self._producer is None:
             if self._parked:
                 self._producer = self._new_producer()
@@ -1030,11 +1043,12 @@ class ExactlyOnce:
         return self._held.view
 
     def unanswered(self) -> int:
-        """Messages the open transaction sent that wait for its commit: outstanding sends
-        to the local cluster, as the other producers' queued ones are (health.py), so that
-        a cluster answering metadata but committing nothing (its quorum lost) is called down
-        for them. Read from the forwarder's thread: a flag and a dict's length."""
-        return len(self._sent) if self._in_transaction else 0
+        """Messages waiting on the local cluster: those the open transaction sent, until
+        its commit, or those buffered while no transaction could open. Outstanding sends,
+        as the other producers' queued ones are (health.py), so that a cluster answering
+        metadata but committing nothing (its quorum lost) is called down for them. Read
+        from the forwarder's thread: a flag, a dict's length, an int."""
+        return len(self._sent) if self._in_transaction else self._waiting
 
     def stats(self) -> dict[str, Any]:
         return {"identity": self.identity, "fenced": self._fenced,
