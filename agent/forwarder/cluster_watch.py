@@ -81,14 +81,16 @@ class ClusterWatch:
     def _transactions(self, local: Cluster) -> int:
         """The exactly-once sender's sends waiting for a commit, counted as outstanding on
         the local cluster, and its answers (acknowledged sends, commits) as the cluster's
-        acknowledgements. Left out while brokers are out of reach: the sender then leaves
-        their partitions out and aborts what waits on them itself (transactions.py)."""
+        acknowledgements. Counted while brokers are out of reach too: with the quorum lost
+        the agent may see one dead broker only (the one its transactions used), and the
+        survivor's partitions commit nothing either. (When the rest of the cluster does
+        commit, its answers keep the cluster up.)"""
         eo = self.exactly_once
         answers = eo.answers
         if answers != self._eo_answers:
             self._eo_answers = answers
             local.health.acknowledged()
-        return 0 if local.partial() else eo.unanswered()
+        return eo.unanswered()
 
     def _parked_sends(self) -> int:
         """Local sends of topics the local cluster's metadata says do not exist (auto-create
