@@ -142,6 +142,48 @@ def critical_unacknowledged(agent: AgentProcess) -> str:
                 "")
 
 
+def quorum_killed_until_critical(cluster: KafkaCluster, agent: AgentProcess, topic: str,
+                                 warm: int) -> tuple[list[int], str, float, dict[str, Any], int]:
+    """``warm`` keyed datagrams delivered; then every node but partition 0's leader killed
+    -9 and the trickle sent until health is CRITICAL naming unacknowledged sends (within
+    ``outage_after_seconds`` + a probe period + slack). Returns the killed nodes, the health
+    problem, its time after the trickle's start, the cluster's row then, and the datagrams
+    sent (numbered from 0)."""
+    with FerryClient(agent.socket_path) as client:
+        for seq in range(warm):
+            client.send(topic, b"%06d" % seq, key=b"k%02d" % (seq % 12),
+                        partition_key=seq % 12)
+    wait_until(lambda: topic_row(agent, topic)["delivered"] == warm, timeout=60,
+               message="warm-up delivered")
+    survivor = cluster.leader(topic, 0)
+    killed = [n.node_id for n in cluster.nodes if n.node_id != survivor]
+    for node_id in killed:
+        cluster.kill(node_id)
+    trickle = Trickle(agent.socket_path, topic, warm).start()
+    limit = OUTAGE_AFTER + PROBE_INTERVAL + VERDICT_SLACK
+    problem = wait_until(lambda: critical_unacknowledged(agent), timeout=limit,
+                         interval=0.2, message="health CRITICAL naming unacknowledged sends")
+    critical_s = time.monotonic() - trickle.started_at
+    row = cluster_row(agent)
+    return killed, problem, critical_s, row, trickle.stop()
+
+
+def started_until_delivered(cluster: KafkaCluster, agent: AgentProcess, topic: str,
+                            killed: list[int], sent: int) -> float:
+    """Start the killed nodes again; seconds until all ``sent`` were delivered (committed),
+    nothing discarded, the buffer empty. Health is then no longer CRITICAL."""
+    back_at = time.monotonic()
+    for node_id in killed:
+        cluster.start_node(node_id, wait=False)
+    wait_until(lambda: (r := topic_row(agent, topic))["delivered"] == sent
+               and r["discarded"] == 0 and sum(agent.buffered().values()) == 0,
+               timeout=180, interval=0.2, message="everything delivered once the nodes are back")
+    drained_s = time.monotonic() - back_at
+    wait_until(lambda: health(agent)["status"] != "critical", timeout=30,
+               message="health no longer CRITICAL once delivered")
+    return drained_s
+
+
 def test_quorum_killed_critical_named_cheap_wait_nothing_lost(
     own_kafka: KafkaCluster, unique_topic: str, tmp_path: Path
 ) -> None:
@@ -153,24 +195,8 @@ def test_quorum_killed_critical_named_cheap_wait_nothing_lost(
                           outage_after_seconds=OUTAGE_AFTER)
     warm = 30
     with AgentProcess(config) as agent:
-        with FerryClient(agent.socket_path) as client:
-            for seq in range(warm):
-                client.send(topic, b"%06d" % seq, key=b"k%02d" % (seq % 12),
-                            partition_key=seq % 12)
-        wait_until(lambda: topic_row(agent, topic)["delivered"] == warm, timeout=60,
-                   message="warm-up delivered")
-
-        survivor = cluster.leader(topic, 0)
-        killed = [n.node_id for n in cluster.nodes if n.node_id != survivor]
-        for node_id in killed:
-            cluster.kill(node_id)
-        trickle = Trickle(agent.socket_path, topic, warm).start()
-        limit = OUTAGE_AFTER + PROBE_INTERVAL + VERDICT_SLACK
-        problem = wait_until(lambda: critical_unacknowledged(agent), timeout=limit,
-                             interval=0.2, message="health CRITICAL naming unacknowledged sends")
-        critical_s = time.monotonic() - trickle.started_at
-        row = cluster_row(agent)
-        sent = trickle.stop()
+        killed, problem, critical_s, row, sent = quorum_killed_until_critical(
+            cluster, agent, topic, warm)
 
         # Waiting, with no input: what it costs, second by second.
         threads0 = agent.thread_cpu_seconds()
@@ -187,17 +213,8 @@ def test_quorum_killed_critical_named_cheap_wait_nothing_lost(
         waiting = topic_row(agent, topic)
         buffered = agent.buffered().get(topic, 0)
 
-        back_at = time.monotonic()
-        for node_id in killed:
-            cluster.start_node(node_id, wait=False)
-        wait_until(lambda: (r := topic_row(agent, topic))["delivered"] == sent
-                   and r["discarded"] == 0 and sum(agent.buffered().values()) == 0,
-                   timeout=180, interval=0.2,
-                   message="everything delivered once the nodes are back")
-        drained_s = time.monotonic() - back_at
+        drained_s = started_until_delivered(cluster, agent, topic, killed, sent)
         after = cluster_row(agent)
-        wait_until(lambda: health(agent)["status"] != "critical", timeout=30,
-                   message="health no longer CRITICAL once delivered")
     values = [int(m.value) for m in read_topic(cluster.bootstrap, topic, 60)
               if m.value is not None]
     lost = sorted(set(range(sent)) - set(values))
@@ -243,36 +260,11 @@ def test_quorum_killed_exactly_once_critical_named_nothing_lost_nothing_twice(
                           outage_after_seconds=OUTAGE_AFTER)
     warm = 30
     with AgentProcess(config) as agent:
-        with FerryClient(agent.socket_path) as client:
-            for seq in range(warm):
-                client.send(topic, b"%06d" % seq, key=b"k%02d" % (seq % 12),
-                            partition_key=seq % 12)
-        wait_until(lambda: topic_row(agent, topic)["delivered"] == warm, timeout=60,
-                   message="warm-up committed")
-
-        survivor = cluster.leader(topic, 0)
-        killed = [n.node_id for n in cluster.nodes if n.node_id != survivor]
-        for node_id in killed:
-            cluster.kill(node_id)
-        trickle = Trickle(agent.socket_path, topic, warm).start()
-        limit = OUTAGE_AFTER + PROBE_INTERVAL + VERDICT_SLACK
-        problem = wait_until(lambda: critical_unacknowledged(agent), timeout=limit,
-                             interval=0.2, message="health CRITICAL naming unacknowledged sends")
-        critical_s = time.monotonic() - trickle.started_at
-        row = cluster_row(agent)
-        sent = trickle.stop()
+        killed, problem, critical_s, row, sent = quorum_killed_until_critical(
+            cluster, agent, topic, warm)
         waiting = topic_row(agent, topic)
 
-        back_at = time.monotonic()
-        for node_id in killed:
-            cluster.start_node(node_id, wait=False)
-        wait_until(lambda: (r := topic_row(agent, topic))["delivered"] == sent
-                   and r["discarded"] == 0 and sum(agent.buffered().values()) == 0,
-                   timeout=180, interval=0.2,
-                   message="everything committed once the nodes are back")
-        drained_s = time.monotonic() - back_at
-        wait_until(lambda: health(agent)["status"] != "critical", timeout=30,
-                   message="health no longer CRITICAL once committed")
+        drained_s = started_until_delivered(cluster, agent, topic, killed, sent)
     values = [int(m.value) for m in read_topic(cluster.bootstrap, topic, 60,
                                                read_committed=True) if m.value is not None]
     lost = sorted(set(range(sent)) - set(values))
