@@ -277,7 +277,10 @@ class ExactlyOnce:
                 self._stop.wait(0.01)
 
     def _step(self) -> bool:
-        if self._fenced or time.monotonic() < self._retry_at:
+        if self._fenced:
+            self._waiting = 0  # reported as the fence, by name: not the cluster's silence
+            return False
+        if time.monotonic() < self._retry_at:
             return False
         now = time.monotonic()
         owned = [t for t in self.store.topics() if self.owns(t)]
@@ -331,6 +334,8 @@ class ExactlyOnce:
             self._fence(fenced)
             return
         err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+        if isinstance(err, KafkaError) and failures.answered(err.code()):
+            self.answers += 1  # the cluster answered (an ACL, say): its state stays up
         if isinstance(err, KafkaError) and failures.needs_operator(err.code()):
             # An ACL (transactional id, progress group) or credentials: every exactly-once
             # topic waits, and says so by name, as a topic an ACL denies does.
