@@ -14,7 +14,7 @@ from typing import Any
 from confluent_kafka import KafkaError
 
 from agent.config import TopicConfig
-from agent.forwarder import failures
+from agent.forwarder import failures, holding
 from agent.forwarder.clusters import Cluster
 from agent.forwarder.flight import LOCAL, REMOTE
 from agent.forwarder.health import Change
@@ -163,5 +163,12 @@ class ClusterWatch:
         stuck = {t: {**st.stuck.to_json(), "retrying": len(st.retry) + st.in_flight}
                  for t, st in self._topics.items() if st.stuck is not None}
         stuck.update(self.exactly_once.held())  # exactly-once topics held back
+        brokers = ""
+        for t, st in self._topics.items():
+            if st.held and t not in stuck:
+                # Keyed messages left behind with their partition (holding.py): the topic
+                # goes on, but its row says which partitions wait, and for whom.
+                brokers = brokers or self.clusters[LOCAL].unreachable_text()
+                stuck[t] = holding.row(st, LOCAL, brokers)
         reg.set_info("stuck_topics", stuck)
         reg.set("topics_stuck", float(len(stuck)))  # for alerting (FerryTopicStuck)

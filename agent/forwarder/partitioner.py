@@ -80,22 +80,35 @@ def choose(layout: TopicLayout | None, partition_key: int | None, hash_key: bool
     return layout.round_robin()
 
 
+def key_partition(layout: TopicLayout, partition_key: int | None, hash_key: bool,
+                  key: bytes | None) -> int | None:
+    """The partition a keyed message goes to: a PartitionKey message's is Bruce's rule, a
+    Kafka key's librdkafka's default partitioner (``consistent_random``: CRC-32 of the key
+    modulo the partition count, documented in its CONFIGURATION.md). None for a keyless
+    message, which may go anywhere. A wrong guess would cost time, never order: one key
+    always maps alike."""
+    if partition_key is not None:
+        return layout.for_partition_key(partition_key)
+    if hash_key and key and layout.partitions:
+        return zlib.crc32(key) % len(layout.partitions)
+    return None
+
+
+def out_of_reach(layout: TopicLayout, partition: int) -> bool:
+    """``partition``'s leader is out of this agent's reach during a partial failure (or it
+    has none while the others are reachable): ``layout.reachable`` leaves it out."""
+    return bool(layout.reachable) and partition not in layout.reachable
+
+
 def waits_for_reach(layout: TopicLayout | None, partition_key: int | None, hash_key: bool,
                     key: bytes | None) -> int | None:
     """The partition a keyed message must go to, when its leader is out of this agent's reach
     during a partial failure (``layout.reachable``); else None (reachable, keyless: sent
-    round-robin over the reachable ones, or no partial failure).
-
-    A key cannot move, so the message waits for its partition. A PartitionKey message's
-    partition is Bruce's rule; a Kafka key's is librdkafka's default partitioner
-    (``consistent_random``: CRC-32 of the key modulo the partition count, documented in its
-    CONFIGURATION.md). A wrong guess costs time, never order: one key always maps alike."""
+    round-robin over the reachable ones, or no partial failure). A key cannot move, so the
+    message waits for its partition (``key_partition`` says which)."""
     if layout is None or not layout.reachable:
         return None
-    if partition_key is not None:
-        partition = layout.for_partition_key(partition_key)
-    elif hash_key and key and layout.partitions:
-        partition = zlib.crc32(key) % len(layout.partitions)
-    else:
+    partition = key_partition(layout, partition_key, hash_key, key)
+    if partition is None or not out_of_reach(layout, partition):
         return None
-    return None if partition in layout.reachable else partition
+    return partition

@@ -13,8 +13,8 @@ from typing import TypeGuard
 from agent.buffer import keys
 from agent.buffer.store import Corrupt, StoredMessage, messages
 from agent.config import TopicConfig
-from agent.forwarder import eligibility
-from agent.forwarder.flight import Flight
+from agent.forwarder import eligibility, holding
+from agent.forwarder.flight import LOCAL, Flight
 from agent.forwarder.loop_state import LoopState
 from agent.forwarder.stuck_topics import NO_PARTITIONS
 from agent.forwarder.topic_state import TopicState
@@ -48,6 +48,8 @@ class Reading(LoopState):
                 if st.retry or st.sending:
                     continue
                 st.recovering = False  # everything re-sent has been acknowledged (or left)
+            if st.held and not self._rewound(topic, st, now):
+                continue  # settling before it reads again from its head (holding.py)
             if room <= 0:
                 continue
             if st.drained_at and now - st.drained_at < 0.001:
@@ -90,6 +92,22 @@ class Reading(LoopState):
                 if st.recovering:
                     break  # it is queued for a retry: the rest of the batch waits behind it
         return worked
+
+    def _rewound(self, topic: str, st: TopicState, now: float) -> bool:
+        """False while the topic settles for a rewind (holding.py): it reads nothing then.
+        A rewind begins when a partition it holds messages for is in reach again (or the
+        oldest held is past its TTL), and is done once nothing of the topic is in flight,
+        retried or waiting for its delete; the topic then reads from its head."""
+        if not st.rewinding:
+            if not holding.rewind_due(st, self.clusters[LOCAL].layout(topic),
+                                      self.topic_settings(topic).ttl_seconds, now,
+                                      int(time.time() * 1000)):
+                return True
+            st.rewinding = True
+        if not holding.settled(st) or topic in self.leaving.discarded_topics():
+            return False
+        holding.rewind(st)
+        return True
 
     def _sendable(self, m: StoredMessage | Corrupt, settings: TopicConfig, gen: int,
                   check_ttl: bool, now_ms: int) -> TypeGuard[StoredMessage]:

@@ -1,6 +1,8 @@
 """What a failed send becomes: a discard when Kafka's verdict is final (failures.py says which
 errors are), a send to the other cluster for a fallback topic, or a retry with exponential
-backoff, re-sent in message-id order behind nothing newer of its topic.
+backoff, re-sent in message-id order behind nothing newer of its topic; a keyed message whose
+partition's leader is out of reach is left in the buffer with its partition instead
+(holding.py), so that it holds back only its partition, not its topic.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from confluent_kafka import KafkaError
 
 from agent import reasons
 from agent.buffer import keys
-from agent.forwarder import eligibility, failures, isolation
+from agent.forwarder import eligibility, failures, holding, isolation
 from agent.forwarder.flight import LOCAL, REMOTE, Flight
 from agent.forwarder.loop_state import LoopState, log
 from agent.forwarder.topic_state import TopicState
@@ -137,10 +139,32 @@ class Retries(LoopState):
         librdkafka fails timed-out messages up to a second late, and a newer message queued
         behind them could already be on the wire by then, where no purge can reach it."""
         st = self._topics.setdefault(f.msg.topic, TopicState())
+        if self._left_behind(f, st):
+            return
         st.recovering = True
         bisect.insort(st.retry, f, key=lambda x: x.msg.id)
         st.retry_at = max(st.retry_at, time.monotonic() + delay)
         self._retry_topics.add(f.msg.topic)
+
+    def _left_behind(self, f: Flight, st: TopicState) -> bool:
+        """Leave ``f`` in the buffer with its partition, when its key names one whose leader
+        is out of reach (or which holds older messages back): holding.py. It is no longer in
+        flight; a rewind reads it again. Not for a fallback topic: the remote cluster may
+        take it meanwhile."""
+        if f.settings.fallback_to_remote and REMOTE in self.clusters:
+            return False
+        layout = self.clusters[LOCAL].layout(f.msg.topic)
+        if layout is None:
+            return False
+        r = f.msg.record
+        waits = holding.partition_to_hold(layout, st.held, r.partition_key, r.hash_key, r.key)
+        if waits is None:
+            return False
+        holding.hold(st, waits, f.msg.id)
+        f.done = True
+        st.in_flight -= 1
+        self._in_flight -= 1
+        return True
 
     def _due_retries(self, now: float) -> bool:
         worked = False
@@ -171,6 +195,8 @@ class Retries(LoopState):
                                          f"{why.detail}; last error: {f.last_error}",
                                          in_flight=True)
                     continue
+                if self._left_behind(f, st):
+                    continue  # its partition's leader went out of reach meanwhile
                 f.sent_remote = False
                 self._send(f, now)
                 if st.retry:

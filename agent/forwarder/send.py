@@ -20,7 +20,7 @@ from confluent_kafka import KafkaError, KafkaException
 from agent.buffer import codec
 from agent.buffer.store import Corrupt, StoredMessage, message
 from agent.config import TopicConfig
-from agent.forwarder import failures, producing, timestamps
+from agent.forwarder import failures, holding, producing, timestamps
 from agent.forwarder.flight import LOCAL, Flight, value_report
 from agent.forwarder.loop_state import LoopState
 from agent.forwarder.partitioner import UNASSIGNED, TopicLayout, choose
@@ -57,6 +57,11 @@ class Sending(LoopState):
         n = len(parts)
         inline = layout.all_available()
         rr = layout.position
+        # A partial failure, or messages of a partition left behind (holding.py): keyed
+        # messages are looked at one by one; otherwise (the common case) none is.
+        held = st.held
+        holding_now = bool(held) or bool(layout.reachable)
+        keyed = has_pk | hash_key
         sent = 0
         mid = b""
         # Messages older than the topic takes (a long outage) are re-stamped (timestamps.py).
@@ -70,6 +75,12 @@ class Sending(LoopState):
                                   now_ms, producer, layout, now, oldest):
                     break  # queued for a retry: the rest of the batch waits behind it
                 continue
+            if holding_now and flags & keyed:
+                waits = holding.partition_to_hold(layout, held, pk if flags & has_pk else None,
+                                                  bool(flags & hash_key), key)
+                if waits is not None:
+                    holding.hold(st, waits, mid)  # left in the buffer, behind the cursor
+                    continue
             if flags & has_pk:
                 # Bruce's rule (partitioner.py), inline while every partition has a leader.
                 partition = parts[(pk & 0xFFFFFFFF) % n] if inline else for_partition_key(pk)
@@ -130,6 +141,10 @@ class Sending(LoopState):
         if not self._sendable(m, settings, gen, check_ttl, now_ms):
             return False
         r = m.record
+        waits = holding.partition_to_hold(layout, st.held, r.partition_key, r.hash_key, r.key)
+        if waits is not None:
+            holding.hold(st, waits, m.id)  # left in the buffer, behind the cursor
+            return False
         f = Flight(m, settings)
         f.sink = self._reports
         self._restamp_if_stale(f, now_ms, oldest)

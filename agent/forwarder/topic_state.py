@@ -33,11 +33,19 @@ class TopicState:
     waiting_since: float = 0.0  # partitions unknown since (monotonic; 0: known)
     # Reports of the topic's common-path sends (value_report).
     sink: list[ValueReport] = field(default_factory=list)
+    # Partitions whose keyed messages are left behind in the buffer, their leader out of
+    # reach: partition -> the first id left behind (holding.py).
+    held: dict[int, bytes] = field(default_factory=dict)
+    held_since: float = 0.0  # wall clock, shown on the topic's row
+    rewinding: bool = False  # reads nothing until settled, then from its head (holding.py)
+    rewind_check_at: float = 0.0  # monotonic: the next look at the oldest held's TTL
 
     def holds_nothing(self) -> bool:
         """Nothing of the topic is in flight, waiting for a retry or a report, or leaving
-        (``in_flight`` counts a message until its delete), and no state must outlive the
+        (``in_flight`` counts a message until its delete), none left behind with its
+        partition (holding.py: the cursor is past them), and no state must outlive the
         entry: a stuck topic keeps its reason until it delivers again, a topic waiting for
         its partitions keeps the time it began to wait."""
         return not (self.in_flight or self.sending or self.retry or self.sink
-                    or self.recovering or self.stuck is not None or self.waiting_since)
+                    or self.recovering or self.stuck is not None or self.waiting_since
+                    or self.held)
