@@ -24,7 +24,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.append(str(REPO_ROOT))  # last: repo folders must not shadow installed packages
 
-from tests.apache_kafka import KafkaCluster, newest_kafka_version  # noqa: E402
+from tests.apache_kafka import KafkaCluster, kafka_version, newest_kafka_version  # noqa: E402
 from tests.filesystems import tmpfs  # noqa: E402
 from tests.kafka import Broker, TcpProxy, free_port, unique_topic_name  # noqa: E402
 
@@ -41,6 +41,12 @@ if TYPE_CHECKING:
 # thing (the clusters' JVMs, the SparkSession, the packages' build) made by one process only.
 KAFKA_FIXTURES = frozenset({"kafka_cluster", "apache_kafka", "newest_kafka", "proxied_kafka"})
 PARTS = ("waiting", "rest")
+# The session-scoped Apache Kafka clusters, each started by its first test and stopped after
+# its last (STARTED holds those running; LAST_USERS maps a test to those it is the last of).
+SESSION_CLUSTERS = ("kafka_cluster", "newest_kafka", "proxied_kafka")
+SESSION_ORDER = ("kafka_cluster", "proxied_kafka", "newest_kafka")  # the order they run in
+STARTED: dict[str, KafkaCluster] = {}
+LAST_USERS = pytest.StashKey[dict[str, set[str]]]()
 
 
 def in_waiting_part(item: pytest.Item) -> bool:
@@ -54,10 +60,28 @@ def in_waiting_part(item: pytest.Item) -> bool:
     return module is not None and getattr(module, "KafkaCluster", None) is KafkaCluster
 
 
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected theirs
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     part = os.environ.get("FERRY_TEST_PART", "")
-    if not part:
-        return
+    if part:
+        _select_part(config, items, part)
+    # After the last test that uses it, a session cluster stops (pytest_runtest_teardown):
+    # idle, its JVMs still take 5-13 % of a core a node from everything that runs after.
+    last = {name: item for item in items for name in session_clusters(item)}
+    config.stash[LAST_USERS] = {item.nodeid: {n for n, i in last.items() if i is item}
+                                for item in last.values()}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield  # the test's own fixtures torn down first (apache_kafka waits until healthy)
+    for name in item.config.stash.get(LAST_USERS, {}).get(item.nodeid, ()):
+        cluster = STARTED.pop(name, None)
+        if cluster is not None:
+            cluster.stop()
+
+
+def _select_part(config: pytest.Config, items: list[pytest.Item], part: str) -> None:
     if part not in PARTS:
         raise pytest.UsageError(f"FERRY_TEST_PART={part!r}: one of {', '.join(PARTS)}")
     waiting = part == "waiting"
@@ -68,17 +92,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = sorted(keep, key=late_cluster) if waiting else keep
 
 
-def late_cluster(item: pytest.Item) -> int:
-    """Where a test of the waiting part runs: the session's clusters live from their first
-    test to the end of the run, their JVMs taking CPU from both parts all along, so the
-    tests of the two that few tests use run last (sorted() keeps the order otherwise):
-    0 the rest, 1 ``proxied_kafka``'s, 2 ``newest_kafka``'s (also when a parametrized test
-    reaches it through ``getfixturevalue``: its id names the cluster or the version)."""
+def session_clusters(item: pytest.Item) -> set[str]:
+    """The session clusters (``SESSION_CLUSTERS``) a test uses: by fixture name, through
+    ``apache_kafka``, or through a parameter naming the fixture or the version that a test
+    hands to ``request.getfixturevalue`` (test_kafka_refusals.py, test_kafka_quota.py,
+    test_kafka_quorum_killed.py)."""
     names = set(getattr(item, "fixturenames", ()))
-    if "newest_kafka" in names or any(mark in item.name for mark in
-                                      ("[newest_kafka]", f"[{newest_kafka_version()}]")):
-        return 2
-    return 1 if "proxied_kafka" in names else 0
+    used = names & set(SESSION_CLUSTERS)
+    if "apache_kafka" in names:
+        used.add("kafka_cluster")
+    callspec = getattr(item, "callspec", None)
+    for value in (callspec.params.values() if callspec is not None else ()):
+        if value in ("apache_kafka", kafka_version()):
+            used.add("kafka_cluster")
+        elif value in ("newest_kafka", newest_kafka_version()):
+            used.add("newest_kafka")
+    return used
+
+
+def late_cluster(item: pytest.Item) -> int:
+    """Where a test of the waiting part runs, so that at most one session cluster runs at a
+    time (each starts at its first test and stops after its last: pytest_runtest_teardown),
+    their JVMs taking CPU from both parts: first the tests that use none (tansu, or a
+    cluster of their own), then those of ``kafka_cluster``, of ``proxied_kafka``, and of
+    ``newest_kafka`` (sorted() keeps the order otherwise)."""
+    used = session_clusters(item)
+    return max((SESSION_ORDER.index(name) + 1 for name in used), default=0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -130,6 +169,7 @@ def proxied_broker(tmp_path: Path) -> Iterator[tuple[Broker, TcpProxy]]:
 def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
     """Three Apache Kafka nodes shared by the whole run; request ``apache_kafka`` instead."""
     with KafkaCluster(tmp_path_factory.mktemp("apache-kafka")) as cluster:
+        STARTED["kafka_cluster"] = cluster
         yield cluster
 
 
@@ -140,6 +180,7 @@ def newest_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaClus
     alike (Kafka's refusals); started only when such a case runs."""
     with KafkaCluster(tmp_path_factory.mktemp("newest-kafka"),
                       version=newest_kafka_version()) as cluster:
+        STARTED["newest_kafka"] = cluster
         yield cluster
 
 
@@ -152,6 +193,7 @@ def proxied_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaClu
     is shared, and a hold needs no third replica. A test restores what it held."""
     with KafkaCluster(tmp_path_factory.mktemp("proxied-kafka"), nodes=2,
                       proxied=True) as cluster:
+        STARTED["proxied_kafka"] = cluster
         yield cluster
 
 
