@@ -14,9 +14,11 @@ learns it sooner from librdkafka's per-broker statistics, once a second per prod
   is neither: one through a network gone silent looks the same.
 
 A broker quiet for ``quiet_after`` (no source answering meanwhile) is unreachable until a
-sample shows it answering, or until ``HOLD_SECONDS`` pass without any sample calling it
-quiet (librdkafka may not reconnect to a broker it has nothing for: then its partitions are
-tried again, and found quiet again if they still are). Idle brokers, and brokers leading no
+sample shows it answering, or a request sent to it alone is answered (the probe's reach
+check, every probe period while it is out of reach: librdkafka may not reconnect to a broker
+it has nothing for, and Ferry sends nothing to its partitions meanwhile), or until
+``HOLD_SECONDS`` pass without any sample calling it quiet (then its partitions are tried
+again, and found quiet again if they still are). Idle brokers, and brokers leading no
 partition of the agent's, are neither: no verdict is drawn from silence.
 
 Only the ``brokers`` object of the statistics is decoded: its size grows with the
@@ -168,6 +170,16 @@ class BrokerWatch:
                     began = now - b.quiet_ms / 1000.0
                     self._quiet_since[key] = min(self._quiet_since.get(key, began), began)
                     self._last_quiet[b.node] = now
+            return self._judge(now)
+
+    def answered(self, node: int) -> bool:
+        """A request sent to ``node`` alone was answered (the probe's reach check, probe.py):
+        it answers again, whatever the clients' statistics said last. True when the set of
+        unreachable brokers changed. (No answer changes nothing: a broker slow to answer
+        one request is left to the statistics and ``HOLD_SECONDS``.)"""
+        with self._lock:
+            now = self._clock()
+            self._answered[node] = now
             return self._judge(now)
 
     def _judge(self, now: float) -> bool:

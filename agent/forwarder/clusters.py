@@ -228,6 +228,7 @@ class Cluster:
         self._unreachable: frozenset[int] = frozenset()
         self._unreachable_logged: set[int] = set()
         self._probe: Probe | None = None
+        self._reach_lock = threading.Lock()  # _reach_changed: a poll() and the probe thread
         # Told every topic's limits whenever they were learnt or forgotten (the forwarder
         # publishes the local cluster's to the intake: agent/signals/limits.py).
         self.on_limits: Callable[[dict[str, TopicLimits]], None] | None = None
@@ -257,6 +258,21 @@ class Cluster:
     def _stats(self, source: str, stats: str) -> None:
         # Served inside poll() of that client: note, and let the loop act (poll()).
         if self.brokers_watch.sample(source, stats):
+            self._reach_changed()
+
+    def _out_of_reach_addresses(self) -> dict[int, str]:
+        return {u.node: u.address for u in self.brokers_watch.unreachable().values()}
+
+    def _reached(self, node: int) -> None:
+        """A broker out of reach answered the probe's request to it alone (probe thread)."""
+        if self.brokers_watch.answered(node):
+            self._reach_changed()
+
+    def _reach_changed(self) -> None:
+        """The brokers out of reach changed: route around those now out of reach, and log
+        who left and who came back. From a client's statistics (in poll()) or the probe's
+        reach check (its thread): one at a time."""
+        with self._reach_lock:
             now = self.brokers_watch.nodes()
             self._out_of_reach = now
             # Routed around only in a partial failure: with more than half the brokers out
@@ -335,7 +351,9 @@ class Cluster:
         """Probe the cluster on a period from now on, with or without traffic."""
         if self._probe is None and not self._stop.is_set():
             self._probe = Probe(self.name, self.config, self.health, _RDKAFKA_LOG,
-                                topics=self.topics, named=self.probe_topic)
+                                topics=self.topics, named=self.probe_topic,
+                                out_of_reach=self._out_of_reach_addresses,
+                                reached=self._reached)
             self._probe.start()
 
     def admin(self) -> AdminClient | None:

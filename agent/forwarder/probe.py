@@ -45,6 +45,11 @@ from agent.forwarder.health import ClusterHealth
 
 log = logging.getLogger(__name__)
 
+# How long the reach check waits for a broker out of reach to answer a Metadata request: on
+# a working network an answer takes milliseconds; a broker slower than this is left to the
+# clients' statistics (brokers.py).
+REACH_TIMEOUT = 1.0
+
 # How long the controller check waits for a TCP connection: a refusal is immediate, and a
 # controller that takes longer than this to accept would not answer a request in time either.
 CONTROLLER_CONNECT_TIMEOUT = 0.5
@@ -72,8 +77,15 @@ class Probe:
     def __init__(self, name: str, cluster: KafkaClusterConfig, health: ClusterHealth,
                  logger: logging.Logger | None = None,
                  topics: Callable[[], list[str]] | None = None,
-                 named: Callable[[], str | None] | None = None) -> None:
+                 named: Callable[[], str | None] | None = None,
+                 out_of_reach: Callable[[], dict[int, str]] | None = None,
+                 reached: Callable[[int], None] | None = None) -> None:
         self.name = name
+        # The brokers out of this agent's reach (node -> "host:port"), and whom to tell when
+        # one answers a request sent to it alone (check_reach).
+        self.out_of_reach = out_of_reach
+        self.reached = reached
+        self._cluster = cluster
         self.topics = topics  # Ferry's topics on the cluster: where to look for a shortfall
         self.named = named  # the topic to name, when the cluster has one (see the docstring)
         self._listed: str | None = None  # a topic the last answer listed, failing ``named``
@@ -138,6 +150,7 @@ class Probe:
             self._controller_known = True
             self._listed = self._pick(md.topics)
             self.health.probe_answered(len(md.brokers))
+        self.check_reach()
         if self.health.stalled() and self.topics is not None:
             # Sends unanswered: ask why (agent/forwarder/insync.py). Whether or not the probe
             # answered: with two of three KRaft nodes stopped, the survivor still serves
@@ -145,6 +158,40 @@ class Probe:
             # that one takes a connection (see the module's docstring).
             self.health.diagnosed(insync.diagnose(self._admin, self.topics(), self.timeout,
                                                   configs=self.controller_accepts()))
+
+    def check_reach(self) -> None:
+        """Ask each broker out of reach, alone, for the probed topic's metadata, through a
+        client of its own whose only bootstrap server it is (so the request can go nowhere
+        else), and report the ones that answer. Nothing else would notice one coming back
+        soon: Ferry sends nothing to its partitions meanwhile, and librdkafka may not
+        reconnect to a broker it has nothing for. Only while a broker is out of reach; a
+        client costs about 3 ms of CPU, and waits at most ``REACH_TIMEOUT``."""
+        if self.out_of_reach is None or self.reached is None:
+            return
+        for node, address in sorted(self.out_of_reach().items()):
+            if not address or self._stop.is_set():
+                continue
+            conf = probe_config(self.name, self._cluster, None, None)
+            del conf["error_cb"]  # its connect errors are not the cluster's
+            conf["bootstrap.servers"] = address
+            conf["client.id"] = f"ferry-{self.name}-reach"
+            conf["log_level"] = 0  # a refused connect is the expected answer here
+            client = AdminClient(conf)
+            try:
+                topic = self.topic
+                if topic is not None:
+                    client.list_topics(topic, timeout=REACH_TIMEOUT)
+                else:
+                    client.list_topics(timeout=REACH_TIMEOUT)
+            except KafkaException:
+                continue  # still out of reach (or slow: the statistics will say)
+            except Exception:  # noqa: BLE001 - a probe must outlive surprises
+                log.exception("checking whether broker %d of %s answers failed", node,
+                              self.name)
+                continue
+            finally:
+                del client
+            self.reached(node)
 
     def _pick(self, topics: dict[str, Any]) -> str | None:
         """A topic of the answer that exists, to name next time: one of Ferry's if listed.

@@ -154,3 +154,17 @@ def test_an_idle_connection_is_no_answer() -> None:
         w.sample("idle", _stats(_broker(1, rxidle_ms=20_000 + rxidle)))
         clock.now += 1.0
     assert list(w.unreachable()) == [1]
+
+
+def test_a_broker_that_answers_a_request_of_its_own_is_in_reach_at_once() -> None:
+    """The probe's reach check (probe.py) reaches a broker the statistics call quiet: it is
+    in reach again at once, without waiting for the hold; an answer from one in reach
+    changes nothing."""
+    clock = Clock()
+    w = _watch(clock, quiet_after=1.0)
+    w.sample("p", _stats(_broker(1, waitresp=1, rxidle_ms=2000)))
+    assert list(w.unreachable()) == [1]
+    assert not w.answered(2)
+    clock.now += 0.5
+    assert w.answered(1)
+    assert w.unreachable() == {}

@@ -95,18 +95,20 @@ def test_one_broker_out_of_reach_stops_only_its_partitions(
             assert any(p["check"] == "broker" and f"broker {cut}" in p["message"]
                        for p in health["problems"]), health
             # Delivery goes on past message_timeout_ms: each burst's messages for the
-            # reachable partitions, keyed ones included, are delivered within
-            # outage_after_seconds and the statistics' second. (When the sends that were on
-            # the wire to the cut broker time out, the keyless ones are re-sent first, routed
-            # around it: a pause of about the time it took to name the broker; the keyed
-            # ones wait in the buffer with their partition.)
+            # reachable partitions, keyed ones included, are delivered within a message
+            # timeout, however long the cut lasts. (Most within a second; when the sends that
+            # were on the wire to the cut broker time out, the keyless ones are re-sent
+            # first, routed around it: a pause of about the time it took to name the broker,
+            # 3-6 s here; the keyed ones wait in the buffer with their partition. Before,
+            # keyed messages re-sent into the cut stopped the topic a message timeout at a
+            # time, for as long as it lasted.)
             waits = []
             until = time.monotonic() + MESSAGE_TIMEOUT_MS / 1000 * 2
             while time.monotonic() < until:
                 t_burst = time.monotonic()
                 send(50)
                 wait_until(lambda: _delivered(agent, topic) >= deliverable,
-                           timeout=OUTAGE_AFTER + 1, interval=0.05,
+                           timeout=MESSAGE_TIMEOUT_MS / 1000, interval=0.05,
                            message="deliveries go on while the broker is cut")
                 waits.append(round(time.monotonic() - t_burst, 2))
                 assert cluster_row(status(agent), "local")["state"] != "down"
@@ -119,12 +121,16 @@ def test_one_broker_out_of_reach_stops_only_its_partitions(
             assert row["stuck"]["error"] == "BROKER_OUT_OF_REACH", row
         finally:
             proxy.restore()
-        # The broker answers again: it is no longer named, and everything left is sent.
+        # The broker answers again: the probe's reach check (probe.py) finds it within a
+        # probe period or two, well before the 30 s the statistics' hold would take with
+        # nothing sent to it (brokers.py, HOLD_SECONDS); then everything left is sent.
         t1 = time.monotonic()
         wait_until(lambda: cluster_row(status(agent), "local")["unreachable_brokers"] == [],
-                   timeout=35, message="the broker answers again")
+                   timeout=10, message="the broker answers again")
+        answered = time.monotonic() - t1
         wait_until(lambda: agent.buffered() == {}, timeout=60, message="drained after restore")
-        print(f"answering again and drained {time.monotonic() - t1:.1f} s after the restore")
+        print(f"answering again {answered:.1f} s and drained {time.monotonic() - t1:.1f} s "
+              "after the restore")
         accepted = metric_total(agent.get_json("/status/counters"), "messages_accepted",
                                 topic=topic)
     assert accepted == len(sent)

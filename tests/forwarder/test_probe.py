@@ -3,6 +3,8 @@ metadata request decides up, or down with the connect error as the cause."""
 
 from __future__ import annotations
 
+import time
+
 from agent.config import KafkaClusterConfig
 from agent.forwarder.clusters import (
     IDLE_METADATA_INTERVAL,
@@ -10,8 +12,8 @@ from agent.forwarder.clusters import (
     idle_metadata_interval,
 )
 from agent.forwarder.health import ClusterHealth
-from agent.forwarder.probe import Probe
-from tests.kafka import Broker, create_topic, free_port
+from agent.forwarder.probe import REACH_TIMEOUT, Probe
+from tests.kafka import Broker, TcpProxy, create_topic, free_port
 
 
 def test_a_broker_that_answers_is_up(broker: Broker) -> None:
@@ -73,3 +75,32 @@ def test_an_idle_full_refresh_stays_under_the_idle_connection_period() -> None:
     assert idle_metadata_interval(30) == IDLE_METADATA_INTERVAL
     assert idle_metadata_interval(24) == 18
     assert idle_metadata_interval(3) == METADATA_INTERVAL  # never more often than busy
+
+
+def test_the_reach_check_reports_a_broker_out_of_reach_only_once_it_answers(
+    proxied_broker: tuple[Broker, TcpProxy],
+) -> None:
+    """A broker out of reach is asked alone (a client whose only bootstrap it is): through
+    a silent network (its proxy blackholed) nothing is reported, within the check's bound;
+    once it answers again, it is reported at once."""
+    broker, proxy = proxied_broker
+    reached: list[int] = []
+    probe = Probe("local", KafkaClusterConfig(bootstrap_servers=broker.bootstrap),
+                  ClusterHealth("local", 10.0), out_of_reach=lambda: {7: broker.bootstrap},
+                  reached=reached.append)
+    proxy.blackhole()
+    started = time.monotonic()
+    probe.check_reach()
+    assert reached == []
+    assert time.monotonic() - started < REACH_TIMEOUT + 1.0
+    proxy.restore()
+    probe.check_reach()
+    assert reached == [7]
+
+
+def test_no_reach_check_without_a_broker_out_of_reach(broker: Broker) -> None:
+    reached: list[int] = []
+    probe = Probe("local", KafkaClusterConfig(bootstrap_servers=broker.bootstrap),
+                  ClusterHealth("local", 10.0), out_of_reach=dict, reached=reached.append)
+    probe.probe_once()
+    assert reached == []
