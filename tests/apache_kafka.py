@@ -732,10 +732,12 @@ class KafkaCluster:
                    message=f"topic {name!r}: {partitions} partitions with leaders everywhere")
 
     def leader(self, topic: str, partition: int = 0) -> int:
-        """The node id leading ``topic``'s ``partition`` now (-1: none)."""
+        """The node id leading ``topic``'s ``partition`` now (-1: none, or not known yet: a
+        broker that answers just after the topic's creation may not list it)."""
         metadata = self.admin().list_topics(topic, timeout=10.0)
-        leader: int = metadata.topics[topic].partitions[partition].leader
-        return leader
+        found = metadata.topics.get(topic)
+        p = found.partitions.get(partition) if found is not None else None
+        return int(p.leader) if p is not None else -1
 
     def isr(self, topic: str, partition: int = 0) -> list[int]:
         metadata = self.admin().list_topics(topic, timeout=10.0)

@@ -17,8 +17,8 @@ A broker quiet for ``quiet_after`` (no source answering meanwhile) is unreachabl
 sample shows it answering, or a request sent to it alone is answered (the probe's reach
 check, every probe period while it is out of reach: librdkafka may not reconnect to a broker
 it has nothing for, and Ferry sends nothing to its partitions meanwhile), or until
-``HOLD_SECONDS`` pass without any sample calling it quiet (then its partitions are tried
-again, and found quiet again if they still are). Idle brokers, and brokers leading no
+``HOLD_SECONDS`` pass without any sample or check calling it quiet (then its partitions are
+tried again, and found quiet again if they still are). Idle brokers, and brokers leading no
 partition of the agent's, are neither: no verdict is drawn from silence.
 
 Only the ``brokers`` object of the statistics is decoded: its size grows with the
@@ -175,12 +175,21 @@ class BrokerWatch:
     def answered(self, node: int) -> bool:
         """A request sent to ``node`` alone was answered (the probe's reach check, probe.py):
         it answers again, whatever the clients' statistics said last. True when the set of
-        unreachable brokers changed. (No answer changes nothing: a broker slow to answer
-        one request is left to the statistics and ``HOLD_SECONDS``.)"""
+        unreachable brokers changed."""
         with self._lock:
             now = self._clock()
             self._answered[node] = now
             return self._judge(now)
+
+    def unanswered(self, node: int) -> None:
+        """A request sent to ``node`` alone went unanswered, for want of a connection or an
+        answer (not refused by authentication: that is the check's own trouble): a quiet
+        sample, so ``HOLD_SECONDS`` does not run out while the checks say it is still cut
+        off, and its partitions are not tried again for nothing (which cost a pause of the
+        topic, and a transaction held to its commit limit)."""
+        with self._lock:
+            if node in self._unreachable:
+                self._last_quiet[node] = self._clock()
 
     def _judge(self, now: float) -> bool:
         before = set(self._unreachable)

@@ -263,9 +263,12 @@ class Cluster:
     def _out_of_reach_addresses(self) -> dict[int, str]:
         return {u.node: u.address for u in self.brokers_watch.unreachable().values()}
 
-    def _reached(self, node: int) -> None:
-        """A broker out of reach answered the probe's request to it alone (probe thread)."""
-        if self.brokers_watch.answered(node):
+    def _reached(self, node: int, answered: bool) -> None:
+        """Whether a broker out of reach answered the probe's request to it alone (probe
+        thread)."""
+        if not answered:
+            self.brokers_watch.unanswered(node)
+        elif self.brokers_watch.answered(node):
             self._reach_changed()
 
     def _reach_changed(self) -> None:

@@ -46,9 +46,12 @@ from agent.forwarder.health import ClusterHealth
 log = logging.getLogger(__name__)
 
 # How long the reach check waits for a broker out of reach to answer a Metadata request: on
-# a working network an answer takes milliseconds; a broker slower than this is left to the
-# clients' statistics (brokers.py).
+# a working network an answer takes milliseconds.
 REACH_TIMEOUT = 1.0
+# The check's errors that mean no connection or no answer: the broker is still cut off. Any
+# other (authentication, TLS) is the check's own trouble and says nothing of the broker.
+UNANSWERED = frozenset({KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
+                        KafkaError._ALL_BROKERS_DOWN})
 
 # How long the controller check waits for a TCP connection: a refusal is immediate, and a
 # controller that takes longer than this to accept would not answer a request in time either.
@@ -79,10 +82,10 @@ class Probe:
                  topics: Callable[[], list[str]] | None = None,
                  named: Callable[[], str | None] | None = None,
                  out_of_reach: Callable[[], dict[int, str]] | None = None,
-                 reached: Callable[[int], None] | None = None) -> None:
+                 reached: Callable[[int, bool], None] | None = None) -> None:
         self.name = name
-        # The brokers out of this agent's reach (node -> "host:port"), and whom to tell when
-        # one answers a request sent to it alone (check_reach).
+        # The brokers out of this agent's reach (node -> "host:port"), and whom to tell
+        # whether one answered a request sent to it alone (check_reach).
         self.out_of_reach = out_of_reach
         self.reached = reached
         self._cluster = cluster
@@ -162,9 +165,10 @@ class Probe:
     def check_reach(self) -> None:
         """Ask each broker out of reach, alone, for the probed topic's metadata, through a
         client of its own whose only bootstrap server it is (so the request can go nowhere
-        else), and report the ones that answer. Nothing else would notice one coming back
-        soon: Ferry sends nothing to its partitions meanwhile, and librdkafka may not
-        reconnect to a broker it has nothing for. Only while a broker is out of reach; a
+        else), and report whether it answered (``UNANSWERED``: no connection or no answer;
+        any other error says nothing and is not reported). Nothing else would notice one
+        coming back soon: Ferry sends nothing to its partitions meanwhile, and librdkafka may
+        not reconnect to a broker it has nothing for. Only while a broker is out of reach; a
         client costs about 3 ms of CPU, and waits at most ``REACH_TIMEOUT``."""
         if self.out_of_reach is None or self.reached is None:
             return
@@ -183,15 +187,18 @@ class Probe:
                     client.list_topics(topic, timeout=REACH_TIMEOUT)
                 else:
                     client.list_topics(timeout=REACH_TIMEOUT)
-            except KafkaException:
-                continue  # still out of reach (or slow: the statistics will say)
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                if err is not None and err.code() in UNANSWERED:
+                    self.reached(node, False)
+                continue
             except Exception:  # noqa: BLE001 - a probe must outlive surprises
                 log.exception("checking whether broker %d of %s answers failed", node,
                               self.name)
                 continue
             finally:
                 del client
-            self.reached(node)
+            self.reached(node, True)
 
     def _pick(self, topics: dict[str, Any]) -> str | None:
         """A topic of the answer that exists, to name next time: one of Ferry's if listed.

@@ -168,3 +168,20 @@ def test_a_broker_that_answers_a_request_of_its_own_is_in_reach_at_once() -> Non
     clock.now += 0.5
     assert w.answered(1)
     assert w.unreachable() == {}
+
+
+def test_a_check_left_unanswered_holds_a_broker_out_of_reach_past_the_hold() -> None:
+    """While the probe's checks go unanswered, the hold does not run out: its partitions are
+    not tried again for nothing. A broker in reach is not made unreachable by one."""
+    clock = Clock()
+    w = _watch(clock, quiet_after=1.0)
+    w.unanswered(2)
+    assert w.unreachable() == {}
+    w.sample("p", _stats(_broker(1, waitresp=1, rxidle_ms=2000)))
+    for _ in range(4):
+        clock.now += HOLD_SECONDS / 2
+        w.unanswered(1)
+        assert not w.sample("p", _stats(_broker(1, state="DOWN", rxidle_ms=-1)))
+    assert list(w.unreachable()) == [1]
+    clock.now += HOLD_SECONDS  # the checks stopped: the hold runs out as before
+    assert w.sample("p", _stats(_broker(1, state="DOWN", rxidle_ms=-1)))

@@ -81,26 +81,27 @@ def test_the_reach_check_reports_a_broker_out_of_reach_only_once_it_answers(
     proxied_broker: tuple[Broker, TcpProxy],
 ) -> None:
     """A broker out of reach is asked alone (a client whose only bootstrap it is): through
-    a silent network (its proxy blackholed) nothing is reported, within the check's bound;
-    once it answers again, it is reported at once."""
+    a silent network (its proxy blackholed) it is reported unanswered, within the check's
+    bound; once it answers again, answered."""
     broker, proxy = proxied_broker
-    reached: list[int] = []
+    reached: list[tuple[int, bool]] = []
     probe = Probe("local", KafkaClusterConfig(bootstrap_servers=broker.bootstrap),
                   ClusterHealth("local", 10.0), out_of_reach=lambda: {7: broker.bootstrap},
-                  reached=reached.append)
+                  reached=lambda node, answered: reached.append((node, answered)))
     proxy.blackhole()
     started = time.monotonic()
     probe.check_reach()
-    assert reached == []
+    assert reached == [(7, False)]
     assert time.monotonic() - started < REACH_TIMEOUT + 1.0
     proxy.restore()
     probe.check_reach()
-    assert reached == [7]
+    assert reached == [(7, False), (7, True)]
 
 
 def test_no_reach_check_without_a_broker_out_of_reach(broker: Broker) -> None:
-    reached: list[int] = []
+    reached: list[tuple[int, bool]] = []
     probe = Probe("local", KafkaClusterConfig(bootstrap_servers=broker.bootstrap),
-                  ClusterHealth("local", 10.0), out_of_reach=dict, reached=reached.append)
+                  ClusterHealth("local", 10.0), out_of_reach=dict,
+                  reached=lambda node, answered: reached.append((node, answered)))
     probe.probe_once()
     assert reached == []
