@@ -97,7 +97,10 @@ def store_locate(store: Store) -> Locate:
     return locate
 
 
-class _Wait:
+class Wait:
+    """One request's wait for Kafka's acknowledgement of its ids (``watch_call``); handed
+    back so that its connection can cut it short (``cut``)."""
+
     __slots__ = ("topic", "remaining", "on_done", "since", "timer", "ended")
 
     def __init__(self, topic: str, ids: set[bytes], on_done: Callable[[bool], None],
@@ -140,8 +143,8 @@ class DeliveryWatcher:
         # Set when the datagrams cannot be trusted to be complete: look everything up now.
         self._gap: asyncio.Event | None = None
         self._round = 0
-        self._waits: set[_Wait] = set()
-        self._by_id: dict[bytes, list[_Wait]] = {}
+        self._waits: set[Wait] = set()
+        self._by_id: dict[bytes, list[Wait]] = {}
         # Ids signalled in the last ``remember`` to 2 x ``remember`` seconds, two
         # generations (a set each: adding a datagram's ids is one C call).
         self._delivered: set[bytes] = set()
@@ -166,7 +169,7 @@ class DeliveryWatcher:
         return future
 
     def watch_call(self, topic: str, ids: Sequence[bytes], timeout: float,
-                   on_done: Callable[[bool], None]) -> _Wait | None:
+                   on_done: Callable[[bool], None]) -> Wait | None:
         """``wait`` for callers on callbacks: ``on_done(delivered)`` is called once, on the
         loop, as soon as the answer is known (at once if it already is, and then None is
         returned). No future and no extra loop iteration: a 201 is written in the same
@@ -187,7 +190,7 @@ class DeliveryWatcher:
         if not remaining:
             on_done(True)  # acknowledged before the request got to wait
             return None
-        wait = _Wait(topic, remaining, on_done, loop.time())
+        wait = Wait(topic, remaining, on_done, loop.time())
         wait.timer = loop.call_later(timeout, self._finish, wait, False)
         self._waits.add(wait)
         by_id = self._by_id
@@ -201,11 +204,11 @@ class DeliveryWatcher:
             self._task = loop.create_task(self._poll())
         return wait
 
-    def _future_done(self, wait: _Wait, future: asyncio.Future[bool]) -> None:
+    def _future_done(self, wait: Wait, future: asyncio.Future[bool]) -> None:
         if future.cancelled():
             self._end(wait)  # the caller gave up: forget the wait, answer nobody
 
-    def _end(self, wait: _Wait) -> bool:
+    def _end(self, wait: Wait) -> bool:
         """Forget ``wait`` (its timer, its ids); False if it had ended already."""
         if wait.ended:
             return False
@@ -217,11 +220,11 @@ class DeliveryWatcher:
             self._unlist(message_id, wait)
         return True
 
-    def cut(self, wait: _Wait) -> None:
+    def cut(self, wait: Wait) -> None:
         """End ``wait`` now, answered "not delivered" (its client has gone)."""
         self._finish(wait, False)
 
-    def _finish(self, wait: _Wait, value: bool) -> None:
+    def _finish(self, wait: Wait, value: bool) -> None:
         if self._end(wait):
             _answer(wait.on_done, value)
 
@@ -330,7 +333,7 @@ class DeliveryWatcher:
                 if not w.remaining:
                     self._finish(w, True)
 
-    def _unlist(self, message_id: bytes, wait: _Wait) -> None:
+    def _unlist(self, message_id: bytes, wait: Wait) -> None:
         waits = self._by_id.get(message_id)
         if waits is not None:
             with contextlib.suppress(ValueError):

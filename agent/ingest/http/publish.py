@@ -44,7 +44,13 @@ from agent.ingest.http.codecs import (
 )
 from agent.ingest.http.counters import LocalCounters
 from agent.ingest.http.deadlines import BodyDeadlines
-from agent.ingest.http.delivery import CompletionBridge, DeliveryWatcher, Locate, store_locate
+from agent.ingest.http.delivery import (
+    CompletionBridge,
+    DeliveryWatcher,
+    Locate,
+    Wait,
+    store_locate,
+)
 from agent.ingest.http.errors import JSON_CONTENT_TYPE, HttpError
 from agent.ingest.http.ratelimit import RateLimiter
 from agent.ingest.runtime import Phase, Runtime
@@ -894,7 +900,7 @@ class Cut:
     def __init__(self) -> None:
         self.done = False
         self.watcher: DeliveryWatcher | None = None
-        self.wait: Any = None  # the watcher's _Wait
+        self.wait: Wait | None = None
 
     def __call__(self) -> None:
         self.done = True
