@@ -42,6 +42,10 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
         .config("spark.default.parallelism", "2")
         .config("spark.sql.warehouse.dir", str(warehouse))
         .config("spark.driver.memory", "1g")
+        # The JIT's first tier only (C1): the tests' jobs are small and short, and C2 compiling
+        # Spark's hot paths took ~45 s of the JVM's 105 s of CPU over tests/spark (60 s with
+        # C1 alone) on a machine whose two cores the suite keeps busy.
+        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
