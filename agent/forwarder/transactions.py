@@ -88,6 +88,13 @@ STATE_REPORTS_TIMEOUT = 1.0
 PURGED = {KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
 # How often the messages waiting for a transaction are counted (unanswered), at most.
 WAITING_COUNT_INTERVAL = 1.0
+# How long the sender waits between looks at the buffer (seconds): while exactly-once
+# messages are buffered, and while none is. Each look opens a read transaction of the
+# buffer: at 100 a second this thread took 2.5 % of a core on an agent with no exactly-once
+# topic at all, more than the rest of the idle forwarder; at 20 a second, the first
+# exactly-once message after a quiet spell waits at most 50 ms more, less than a commit.
+BUSY_WAIT = 0.01
+IDLE_WAIT = 0.05
 
 
 def _report(sink: list[tuple[bytes, KafkaError | None, Message]], message_id: bytes,
@@ -239,6 +246,7 @@ class ExactlyOnce:
         # much as the open transaction's. Counted at most once a second.
         self._waiting = 0
         self._waiting_at = 0.0
+        self._owned = False  # exactly-once messages buffered, at the last look (_step)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="exactly-once", daemon=True)
 
@@ -274,7 +282,7 @@ class ExactlyOnce:
                 self._trouble(exc)
                 worked = False
             if not worked:
-                self._stop.wait(0.01)
+                self._stop.wait(BUSY_WAIT if self._owned else IDLE_WAIT)
 
     def _step(self) -> bool:
         if self._fenced:
@@ -284,6 +292,7 @@ class ExactlyOnce:
             return False
         now = time.monotonic()
         owned = [t for t in self.store.topics() if self.owns(t)]
+        self._owned = bool(owned)
         topics = [t for t in owned if not self._held.waiting(t, now)]
         if not owned:
             self._park_when_idle(now)
