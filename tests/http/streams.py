@@ -18,7 +18,8 @@ and clients that stall (stop sending in the middle and wait for the server to cl
 
 ``play(stream, host, port)`` sends one stream over a raw loopback socket and returns what
 came back (``tls=context``: the same bytes over TLS, the client on memory BIOs; its FIN is
-a ``close_notify`` on even connections and a TCP FIN without one on odd ones);
+a ``close_notify`` on connections 0, 1, 4, 5, ... and a TCP FIN without one on 2, 3, 6, 7,
+..., so that either comes over TLS whether all or every other connection of a seed is);
 ``judge(...)`` checks what the server answered and stored against what the request
 *headers* said (a trailer never changes it). Shared by the test
 (tests/http/test_resource_bounds.py, Ferry in process) and the bench
@@ -494,7 +495,7 @@ def play(stream: Stream, host: str, port: int, timeout: float = 30.0,
     sock.settimeout(timeout)
     sock.connect((host, port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    wire = _Plain(sock) if tls is None else TlsWire(sock, tls, stream.index % 2 == 0)
+    wire = _Plain(sock) if tls is None else TlsWire(sock, tls, stream.index // 2 % 2 == 0)
     if connected is not None:
         connected(sock)
     data = stream.data
