@@ -9,19 +9,31 @@ request whose token is only in a trailer, pipelined pings; and how the client en
 its answers and closes or lets the server close, shuts its sending side (FIN) or resets
 (RST) at a random byte, or stops reading. The same seed gives the same bytes.
 
+``streams(..., extras=True)`` draws more, from a second generator of the same seed (so the
+streams above stay byte for byte what they were): requests past the header limits (a header
+line or a header block over ``header_bytes``, more fields than ``headers``, a target over
+``request_line``: 431 or 414 and closed; a header line without a colon: 400 and closed),
+slow senders (the bytes in 8 to 40 writes with pauses of 4-15 ms, under a second in all)
+and clients that stall (stop sending in the middle and wait for the server to close).
+
 ``play(stream, host, port)`` sends one stream over a raw loopback socket and returns what
-came back; ``judge(...)`` checks what the server answered and stored against what the
-request *headers* said (a trailer never changes it). Shared by the test
+came back (``tls=context``: the same bytes over TLS, the client on memory BIOs; its FIN is
+a ``close_notify`` on connections 0, 1, 4, 5, ... and a TCP FIN without one on 2, 3, 6, 7,
+..., so that either comes over TLS whether all or every other connection of a seed is);
+``judge(...)`` checks what the server answered and stored against what the request
+*headers* said (a trailer never changes it). Shared by the test
 (tests/http/test_resource_bounds.py, Ferry in process) and the bench
 (bench/bench_http_bounds.py, the candidate servers in processes of their own).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import random
 import select
 import socket
+import ssl
 import struct
 import time
 from collections.abc import Callable
@@ -34,7 +46,9 @@ TRAILER_NAMES = (b"Partition-Key", b"Ferry-Partition-Key", b"Content-Type",
                  b"Content-Encoding", b"Idempotency-Key", b"Authorization", b"X-Trace",
                  b"Host", b"X-Checksum", b"Expires")
 ENDINGS = ("read-close", "read-idle", "fin", "rst", "unread")
+STALL = "stall"  # an ending of the extras: stop sending at the cut, wait for the server
 MAX_CHUNK = 16 * 1024
+TLS_RECORD = 16 * 1024  # the most plaintext a TLS record holds
 PING = b"GET /status/ping HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
@@ -46,6 +60,7 @@ class Profile:
     batch_bytes: int = 256 * 1024  # http.max_batch_bytes
     header_bytes: int = 32 * 1024  # http.max_header_bytes
     headers: int = 100  # http.max_headers
+    request_line: int = 8 * 1024  # http.max_request_line_bytes
 
     def limit(self, batch: bool) -> int:
         return self.batch_bytes if batch else self.message_bytes
@@ -75,8 +90,9 @@ class Stream:
     topic: str
     requests: list[Sent]
     ending: str
-    cut: int | None  # bytes sent before a FIN or RST; None: everything
+    cut: int | None  # bytes sent before a FIN, RST or stall; None: everything
     pieces: list[int]  # sizes of the client's writes
+    pause: float = 0.0  # seconds between the writes (a slow sender)
 
     @property
     def data(self) -> bytes:
@@ -100,7 +116,9 @@ class Stream:
     def describe(self) -> str:
         kinds = ", ".join(r.what for r in self.requests)
         cut = "" if self.cut is None else f" at byte {self.cut} of {len(self.data)}"
-        return f"connection {self.index} ({kinds}; {self.ending}{cut})"
+        slow = (f"; slow: {len(self.pieces)} writes {self.pause * 1000:.0f} ms apart"
+                if self.pause else "")
+        return f"connection {self.index} ({kinds}; {self.ending}{cut}{slow})"
 
 
 # -- drawing -----------------------------------------------------------------------------------
@@ -251,12 +269,67 @@ def _manage(rng: random.Random, profile: Profile, name: str) -> Sent:
                 what="manage (token in trailer)")
 
 
-def streams(seed: int, profile: Profile = Profile(), connections: int = 4) -> list[Stream]:
-    """The connections of ``seed``: the same seed, the same bytes."""
+def _oversized(rng: random.Random, profile: Profile, topic: str) -> Sent:
+    """A publish whose head is past a limit, or malformed: refused before its body, and the
+    connection closed (protocol.py: 431 for the header bytes and fields, 414 for the target,
+    400 for what the parser refuses)."""
+    head = [b"Host: x", b"Content-Length: 5"]
+    target = b"/topics/" + topic.encode()
+    kind = rng.choice(("line", "block", "fields", "target", "malformed"))
+    expect = 431
+    if kind == "line":  # one header line longer than all the header bytes allowed
+        head.append(b"X-Big: " + _token(rng, profile.header_bytes + rng.randint(1, 8192)))
+    elif kind == "block":  # lines each within reason, over the limit together
+        left = profile.header_bytes + rng.randint(1, 4096)
+        for n in range(profile.headers - len(head)):
+            if left <= 0:
+                break
+            size = min(left, rng.randint(512, 4096))
+            head.append(b"X-Part-%d: " % n + _token(rng, size))
+            left -= size
+    elif kind == "fields":  # more fields than allowed, each small
+        head += [b"X-F%d: %d" % (n, n) for n in range(profile.headers + rng.randint(1, 40))]
+    elif kind == "target":
+        target += b"?q=" + _token(rng, profile.request_line + rng.randint(1, 4096))
+        expect = 414
+    else:  # a header line without a colon, within the limits
+        head.append(b"X-No-Colon-" + _token(rng, rng.randint(1, 64)))
+        expect = 400
+    rng.shuffle(head)
+    data = b"POST " + target + b" HTTP/1.1\r\n" + b"\r\n".join(head) + b"\r\n\r\nvalue"
+    return Sent(data, "oversized", topic, expect=expect, closes=True,
+                what=f"oversized head ({kind}, {len(data)} B)")
+
+
+def _extras(seed: int, stream: Stream, profile: Profile) -> None:
+    """The extras of ``stream`` (see the module's docstring), from their own generator: a
+    head past the limits, a slow sender, a stall."""
+    rng = random.Random(seed * 1_000_003 + 7919 * stream.index + 1)
+    requests = stream.requests
+    if rng.random() < 0.3 and not requests[-1].closes and stream.ending != "unread":
+        requests.append(_oversized(rng, profile, stream.topic))
+        if stream.cut is None:
+            stream.pieces.append(len(requests[-1].data))
+    size = len(stream.data)
+    if rng.random() < 0.1:
+        stream.ending, stream.cut = STALL, rng.randint(0, size)
+    if rng.random() < 0.25:
+        cuts = sorted({rng.randint(1, size) for _ in range(rng.randint(7, 39))} | {size})
+        stream.pieces = [b - a for a, b in zip([0, *cuts], cuts, strict=False) if b > a]
+        stream.pause = rng.uniform(0.004, 0.015)
+    if sum(stream.pieces) < size:
+        stream.pieces.append(size - sum(stream.pieces))
+
+
+def streams(seed: int, profile: Profile = Profile(), connections: int = 4,
+            extras: bool = False, prefix: str = "b") -> list[Stream]:
+    """The connections of ``seed``: the same seed, the same bytes (``extras``: see the
+    module's docstring; ``prefix`` starts the topics' names, so that several plays of a
+    seed on one server keep apart)."""
     rng = random.Random(seed)
     out = []
     for index in range(connections):
-        topic = f"b{seed % 100_000}c{index}"
+        topic = f"{prefix}{seed % 100_000}c{index}"
         ending = rng.choice(ENDINGS)
         requests: list[Sent] = []
         for r in range(rng.randint(1, 6)):
@@ -287,7 +360,10 @@ def streams(seed: int, profile: Profile = Profile(), connections: int = 4) -> li
             left -= size
         if left > 0:
             pieces.append(left)
-        out.append(Stream(seed, index, topic, requests, ending, cut, pieces))
+        stream = Stream(seed, index, topic, requests, ending, cut, pieces)
+        if extras:
+            _extras(seed, stream, profile)
+        out.append(stream)
     return out
 
 
@@ -299,17 +375,127 @@ class Played:
     ended: float  # monotonic time of the client's last action
     sock: socket.socket | None  # still open (an unread ending): the caller closes it
     error: str = ""
+    records: int = 0  # TLS records sent (0 over plain TCP)
+
+
+class _Plain:
+    """The client's end over TCP."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.records = 0
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def poll(self) -> bytes | None:
+        """What came so far, without waiting; None once the server closed."""
+        if not select.select([self.sock], [], [], 0)[0]:
+            return b""
+        return self.sock.recv(65536) or None
+
+    def recv(self) -> bytes | None:
+        """Some bytes, waiting for them; None once the server closed."""
+        return self.sock.recv(65536) or None
+
+    def fin(self) -> None:
+        self.sock.shutdown(socket.SHUT_WR)
+
+
+class TlsWire(_Plain):
+    """The client's end over TLS, on memory BIOs (``ssl.SSLSocket`` cannot end its sending
+    side alone): each ``send`` is one write of the stream, in records of up to 16 KiB."""
+
+    def __init__(self, sock: socket.socket, context: ssl.SSLContext, close_notify: bool) -> None:
+        super().__init__(sock)
+        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.tls = context.wrap_bio(self.incoming, self.outgoing, server_hostname="127.0.0.1")
+        self.close_notify = close_notify
+        self.closed = False
+        for _ in range(100):
+            try:
+                self.tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                self._flush()
+                data = sock.recv(65536)
+                if not data:
+                    raise ConnectionResetError("closed during the TLS handshake") from None
+                self.incoming.write(data)
+        self._flush()
+
+    def _flush(self) -> None:
+        if self.outgoing.pending:
+            self.sock.sendall(self.outgoing.read())
+
+    def send(self, data: bytes, record: int = TLS_RECORD) -> None:
+        """``data`` in records of up to ``record`` bytes, in one write to the socket."""
+        for at in range(0, len(data), record):
+            self.tls.write(data[at:at + record])
+        self.records += -(-len(data) // min(record, TLS_RECORD))
+        self._flush()
+
+    def _plain(self) -> bytes:
+        out = []
+        while not self.closed:
+            try:
+                data = self.tls.read(65536)
+            except ssl.SSLWantReadError:
+                break
+            except (ssl.SSLZeroReturnError, ssl.SSLError):  # close_notify, or an abort
+                self.closed = True
+                break
+            if not data:
+                self.closed = True
+                break
+            out.append(data)
+        return b"".join(out)
+
+    def poll(self) -> bytes | None:
+        got = []
+        while not self.closed and select.select([self.sock], [], [], 0)[0]:
+            data = self.sock.recv(65536)
+            if not data:
+                self.closed = True
+                break
+            self.incoming.write(data)
+            got.append(self._plain())
+        out = b"".join(got)
+        return None if self.closed and not out else out
+
+    def recv(self) -> bytes | None:
+        for _ in range(100_000):
+            out = self._plain()
+            if out or self.closed:
+                return out or None
+            data = self.sock.recv(65536)
+            if not data:
+                self.closed = True
+                return None
+            self.incoming.write(data)
+        return None
+
+    def fin(self) -> None:
+        if self.close_notify:
+            with contextlib.suppress(ssl.SSLWantReadError):  # the server's not awaited
+                self.tls.unwrap()
+            self._flush()
+        else:  # a TCP FIN without close_notify
+            self.sock.shutdown(socket.SHUT_WR)
 
 
 def play(stream: Stream, host: str, port: int, timeout: float = 30.0,
-         connected: Callable[[socket.socket], None] | None = None) -> Played:
-    """Send ``stream`` over a new connection and end it as drawn."""
+         connected: Callable[[socket.socket], None] | None = None,
+         tls: ssl.SSLContext | None = None) -> Played:
+    """Send ``stream`` over a new connection (``tls``: over TLS, the handshake first) and end
+    it as drawn."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     if stream.ending == "unread":
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.settimeout(timeout)
     sock.connect((host, port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    wire = _Plain(sock) if tls is None else TlsWire(sock, tls, stream.index // 2 % 2 == 0)
     if connected is not None:
         connected(sock)
     data = stream.data
@@ -317,39 +503,44 @@ def play(stream: Stream, host: str, port: int, timeout: float = 30.0,
     sent = 0
     error = ""
     received = b""
+    closed = False
     try:
         for size in stream.pieces:
             if sent >= limit:
                 break
+            if sent and stream.pause:
+                time.sleep(stream.pause)  # a slow sender's pace: how this client sends
             piece = data[sent:min(limit, sent + size)]
-            sock.sendall(piece)
+            wire.send(piece)
             sent += len(piece)
-            if stream.ending != "unread" and select.select([sock], [], [], 0)[0]:
-                chunk = sock.recv(65536)  # answered early (a refusal), or closed
-                received += chunk
-                if not chunk:
+            if stream.ending != "unread":
+                chunk = wire.poll()  # answered early (a refusal), or closed
+                if chunk is None:
+                    closed = True
                     break
+                received += chunk
     except (ConnectionError, TimeoutError) as exc:
         error = type(exc).__name__
     if stream.ending == "rst":
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         sock.close()
-        return Played([], sent, time.monotonic(), None, error)
+        return Played([], sent, time.monotonic(), None, error, wire.records)
     if stream.ending == "unread":
-        return Played([], sent, time.monotonic(), sock, error)
+        return Played([], sent, time.monotonic(), sock, error, wire.records)
+    stalled = time.monotonic()
     wanted = _expected_answers(stream)
     try:
-        if stream.ending == "fin" and not error:
-            sock.shutdown(socket.SHUT_WR)
-        if stream.ending in ("fin", "read-idle"):
-            received += _until_closed(sock)  # the server closes
+        if stream.ending == "fin" and not error and not closed:
+            wire.fin()
+        if stream.ending in ("fin", "read-idle", STALL):
+            received += _until_closed(wire, closed)  # the server closes
         else:
-            received = _read_n(sock, received, wanted)
+            received = _read_n(wire, received, wanted, closed)
     except (ConnectionError, TimeoutError) as exc:
         error = error or type(exc).__name__
-    ended = time.monotonic()
+    ended = stalled if stream.ending == STALL else time.monotonic()
     sock.close()
-    return Played(split(received), sent, ended, None, error)
+    return Played(split(received), sent, ended, None, error, wire.records)
 
 
 def _expected_answers(stream: Stream) -> int:
@@ -361,22 +552,24 @@ def _expected_answers(stream: Stream) -> int:
     return n
 
 
-def _until_closed(sock: socket.socket) -> bytes:
+def _until_closed(wire: _Plain, closed: bool) -> bytes:
     out = []
     for _ in range(100_000):
-        chunk = sock.recv(65536)
-        if not chunk:
+        if closed:
+            break
+        chunk = wire.recv()
+        if chunk is None:
             break
         out.append(chunk)
     return b"".join(out)
 
 
-def _read_n(sock: socket.socket, data: bytes, n: int) -> bytes:
+def _read_n(wire: _Plain, data: bytes, n: int, closed: bool) -> bytes:
     for _ in range(100_000):
-        if len(split(data)) >= n:
+        if len(split(data)) >= n or closed:
             return data
-        chunk = sock.recv(65536)
-        if not chunk:
+        chunk = wire.recv()
+        if chunk is None:
             return data
         data += chunk
     return data
@@ -473,6 +666,9 @@ def judge(stream: Stream, played: Played, stored: Stored,
         mine = [v for v in values if by_marker.get(v) is request]
         if got is not None and got < 300 and request.values and mine != request.values:
             answers.append(f"{request.what}: answered {got} but not stored as sent")
+        if got is not None and got >= 300 and mine:
+            answers.append(f"{request.what}: answered {got} but {len(mine)} of its "
+                           "messages stored")
     for request in stream.requests:
         if request.kind == "manage" and exists(request.topic):
             trailers.append(f"topic {request.topic!r} created by a token in a trailer")

@@ -61,7 +61,7 @@ from agent.ingest.http.errors import HttpError
 from agent.ingest.http.gunzip import GzipBody, Spent
 from agent.ingest.http.publish import Headers, Reply
 from agent.ingest.http.routing import PREFIX, publish_target
-from agent.ingest.http.tls_stream import start_tls
+from agent.ingest.http.tls_stream import ON_LOOP, Handshakes, start_tls
 from agent.process.log_limit import LogLimit
 
 log = logging.getLogger(__name__)
@@ -317,6 +317,7 @@ class HttpProtocol(asyncio.Protocol):
                  publish: DirectPublish, body_limit: BodyLimit, too_large: TooLarge,
                  refused: Refused, gone: Callable[[bool], None], asgi: AsgiRun,
                  read_limit: int, tls: ssl.SSLContext | None = None,
+                 handshakes: Handshakes = ON_LOOP,
                  budget: BodyBudget | None = None) -> None:
         self.limits = limits
         # Shared by every connection of the server (budget.py); one of its own otherwise.
@@ -329,6 +330,7 @@ class HttpProtocol(asyncio.Protocol):
         # HTTPS: TLS is started on the admitted TCP connection (tls_stream.start_tls), so a
         # handshake counts against the cap and has the headers' deadline, as a slow client.
         self.tls = tls
+        self.handshakes = handshakes  # where its steps run (tls_stream.Handshakes)
         self.too_large = too_large
         self.refused = refused
         self.gone = gone
@@ -401,7 +403,7 @@ class HttpProtocol(asyncio.Protocol):
             # connection from here on and hands this one only what it decrypts.
             self.stopped = True
             start_tls(self.loop, transport, self, self.tls, self.limits.header_timeout,
-                      functools.partial(self._tls_started, transport))
+                      functools.partial(self._tls_started, transport), self.handshakes)
 
     def _tls_started(self, plain: asyncio.Transport, secure: asyncio.Transport | None,
                      error: BaseException | None) -> None:

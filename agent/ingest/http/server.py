@@ -39,6 +39,7 @@ from agent.ingest.http.asgi import AsgiRunner
 from agent.ingest.http.budget import BodyBudget
 from agent.ingest.http.protocol import Connections, DateHeader, HttpProtocol, Limits
 from agent.ingest.http.tls import TlsConfigError, TlsFiles
+from agent.ingest.http.tls_stream import ON_LOOP, Handshakes
 from agent.ingest.runtime import Phase, Runtime
 from agent.process.gc_tuning import freeze_startup_heap
 
@@ -115,6 +116,8 @@ class HttpServer:
         self._sock: socket.socket | None = None
         self._tls_sock: socket.socket | None = None
         self._tls: TlsFiles | None = None
+        # Where the TLS handshakes' steps run: threads with HTTPS (tls_stream.Handshakes).
+        self._handshakes = ON_LOOP
         self._error: BaseException | None = None
         self.host = ""
         self.port = 0
@@ -168,6 +171,8 @@ class HttpServer:
                      "required" if cfg.tls_client_ca_file is not None else "not asked for")
 
     def _run(self, sock: socket.socket) -> None:
+        if self._tls_sock is not None:
+            self._handshakes = Handshakes()
         try:
             with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
                 runner.run(self._serve(sock))
@@ -176,14 +181,16 @@ class HttpServer:
             if not self._serving.is_set():
                 return
             log.exception("the HTTP server stopped with an error")
+        finally:
+            self._handshakes.close()
 
     async def _serve(self, sock: socket.socket) -> None:
         loop = self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         publisher = self.app.publisher
         asgi = AsgiRunner(self.app)
-        limits, connections, date, budget = (self.limits, self.connections, DateHeader(),
-                                             self.budget)
+        limits, connections, date, budget, handshakes = (
+            self.limits, self.connections, DateHeader(), self.budget, self._handshakes)
 
         def protocol(tls: ssl.SSLContext | None = None) -> HttpProtocol:
             return HttpProtocol(limits=limits, connections=connections, date=date,
@@ -191,7 +198,7 @@ class HttpServer:
                                 too_large=publisher.too_large, refused=publisher.refused_early,
                                 gone=publisher.gone, asgi=asgi,
                                 read_limit=publisher.max_batch_bytes, tls=tls,
-                                budget=budget)
+                                handshakes=handshakes, budget=budget)
 
         servers = [await loop.create_server(protocol, sock=sock, backlog=BACKLOG)]
         watching: asyncio.Task[None] | None = None

@@ -12,6 +12,17 @@ direction (RFC 8446 §6.1), as a TCP FIN ends one; the answers may still be sent
   already waiting reaches it. ``done(stream, None)`` once it is over, ``done(None, error)``
   if it failed (an ``ssl.SSLError`` for a TLS error, an ``OSError`` for a client that hung
   up or took longer than ``handshake_timeout``); a failed one is aborted.
+- Its CPU is not the loop's: each step (``SSLObject.do_handshake()``, OpenSSL's key
+  exchange and signature, some 0.5 ms) runs in one of a few handshake threads
+  (``Handshakes``), CPython's ``_ssl`` releasing the GIL around ``SSL_do_handshake``, so
+  another core does the crypto while the loop serves everyone else. While a step runs, the
+  loop touches neither the ``SSLObject`` nor its BIOs: bytes that come meanwhile wait in a
+  list (up to ``_EARLY`` and one read; then the TCP transport pauses) and go in after it, in
+  order. The deadline and the connection cap are the TCP connection's, on the loop, as
+  before: a handshake closed for room, timed out or hung up is forgotten, and a step
+  already running for it finishes unread. With every thread busy, a handshake waits its
+  turn (first come, first served): never more than the open connections, each within its
+  deadline. ``Handshakes(0)`` runs each step on the loop.
 - What decrypts goes to the protocol's ``data_received()`` a record at a time, only while it
   reads: after its ``pause_reading()`` the rest waits as ciphertext (the TCP transport
   paused too, so at most one read of it).
@@ -31,9 +42,12 @@ direction (RFC 8446 §6.1), as a TCP FIN ends one; the answers may still be sent
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import os
 import ssl
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 # done(stream, None) after a handshake, done(None, why) for one that failed.
@@ -50,12 +64,104 @@ _TLS_INFO: dict[str, Callable[[ssl.SSLObject], Any]] = {
 }
 
 
+# Bytes a client may send while its handshake step runs before its TCP transport pauses
+# (a ClientHello is some 500 bytes, the client's last flight with a request a few KiB).
+_EARLY = 64 * 1024
+# What a handshake step came to: over, more bytes wanted, or the TLS error that ended it.
+_OVER = None
+_WANT_READ = "want read"
+Outcome = BaseException | str | None
+
+
+def _threads() -> int:
+    """One handshake thread less than the cores this process may run on (the loop keeps
+    one), between 1 and 4."""
+    return max(1, min(4, len(os.sched_getaffinity(0)) - 1))
+
+
+# Handshake threads of a server (``Handshakes``); 0 runs the steps on the event loop.
+THREADS = _threads()
+
+
+def _step(tls: ssl.SSLObject) -> Outcome:
+    try:
+        tls.do_handshake()
+    except ssl.SSLWantReadError:
+        return _WANT_READ
+    except ssl.SSLError as exc:
+        return exc
+    return _OVER
+
+
+class Handshakes:
+    """Where a server's handshake steps run: ``threads`` threads, or the loop (0).
+
+    Bounded: at most ``threads`` steps run at once, each of a connection the loop handed
+    over, and none queues in the executor; the connections waiting for a thread wait here,
+    on the loop, one entry each, in the order they came, and leave when they close. Made
+    and used on the server's loop; ``close()`` when it stops."""
+
+    def __init__(self, threads: int | None = None) -> None:
+        self.threads = threads = THREADS if threads is None else threads
+        self._pool = (ThreadPoolExecutor(threads, thread_name_prefix="tls-handshake")
+                      if threads else None)
+        self._busy = 0
+        self._waiting: collections.OrderedDict[TlsStream, None] = collections.OrderedDict()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def run(self, stream: TlsStream) -> None:
+        """One step of ``stream``'s handshake; ``stream._stepped(outcome)`` on the loop once
+        it ran (at once with no threads)."""
+        if self._pool is None:
+            stream._stepped(_step(stream._tls))  # noqa: SLF001 - the stream's own step
+        elif self._busy < self.threads:
+            self._start(stream)
+        else:
+            self._waiting[stream] = None
+
+    def forget(self, stream: TlsStream) -> None:
+        """``stream`` closed: it no longer waits for a thread."""
+        self._waiting.pop(stream, None)
+
+    def close(self) -> None:
+        self._waiting.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _start(self, stream: TlsStream) -> None:
+        assert self._pool is not None
+        self._busy += 1
+        self._pool.submit(self._work, stream)
+
+    def _work(self, stream: TlsStream) -> None:
+        """In a handshake thread: the step, then its outcome back to the loop."""
+        try:
+            outcome = _step(stream._tls)  # noqa: SLF001 - the loop does not touch it meanwhile
+        except Exception as exc:  # noqa: BLE001 - not OpenSSL's: ends the handshake too
+            outcome = exc
+        with contextlib.suppress(RuntimeError):  # the loop closed: the server stopped
+            stream._loop.call_soon_threadsafe(self._finished, stream, outcome)  # noqa: SLF001
+
+    def _finished(self, stream: TlsStream, outcome: Outcome) -> None:
+        self._busy -= 1
+        if self._waiting:
+            self._start(self._waiting.popitem(last=False)[0])
+        stream._stepped(outcome)  # noqa: SLF001 - the stream's own step
+
+
+# Steps on the loop: for a caller that passes no Handshakes (tests, benches).
+ON_LOOP = Handshakes(0)
+
+
 def start_tls(loop: asyncio.AbstractEventLoop, tcp: asyncio.Transport,
               protocol: asyncio.Protocol, context: ssl.SSLContext, handshake_timeout: float,
-              done: Done) -> TlsStream:
+              done: Done, handshakes: Handshakes = ON_LOOP) -> TlsStream:
     """Start server-side TLS on ``tcp`` before returning. Called from ``connection_made()``:
     uvloop starts reading a new connection when it returns, whatever was paused there."""
-    stream = TlsStream(loop, tcp, protocol, context, handshake_timeout, done)
+    stream = TlsStream(loop, tcp, protocol, context, handshake_timeout, done, handshakes)
     tcp.set_protocol(stream)
     return stream
 
@@ -65,11 +171,13 @@ class TlsStream(asyncio.Protocol, asyncio.Transport):
     handshake is over (see the module's docstring)."""
 
     __slots__ = ("_loop", "_tcp", "_app", "_in", "_out", "_tls", "_done", "_timer",
-                 "_reading", "_tcp_eof", "_ended", "_closing", "_resumed")
+                 "_reading", "_tcp_eof", "_ended", "_closing", "_resumed", "_handshakes",
+                 "_stepping", "_early", "_early_bytes")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, tcp: asyncio.Transport,
                  protocol: asyncio.Protocol, context: ssl.SSLContext,
-                 handshake_timeout: float, done: Done) -> None:
+                 handshake_timeout: float, done: Done,
+                 handshakes: Handshakes = ON_LOOP) -> None:
         super().__init__()
         self._loop = loop
         self._tcp = tcp
@@ -84,14 +192,25 @@ class TlsStream(asyncio.Protocol, asyncio.Transport):
         self._ended = False  # the client's end of sending was passed on: nothing more read
         self._closing = False  # closed or aborted by the protocol (or a TLS error)
         self._resumed: asyncio.Handle | None = None
+        self._handshakes = handshakes
+        self._stepping = False  # a handshake step runs or waits for a thread
+        self._early: list[bytes] = []  # bytes that came meanwhile, for the BIO after it
+        self._early_bytes = 0
 
     # -- the TCP transport's protocol ------------------------------------------------------
     def data_received(self, data: bytes) -> None:
         if self._ended or self._closing:
             return  # after the client's close_notify, or once closing: never read
+        if self._stepping:  # the BIO is the handshake thread's until the step is over
+            self._early.append(data)
+            self._early_bytes += len(data)
+            if self._early_bytes > _EARLY:
+                self._tcp.pause_reading()
+            return
         self._in.write(data)
         if self._done is not None:
-            self._handshake()
+            self._stepping = True
+            self._handshakes.run(self)
         elif self._reading:
             self._read()
 
@@ -100,7 +219,9 @@ class TlsStream(asyncio.Protocol, asyncio.Transport):
             return True
         self._tcp_eof = True
         if self._done is not None:
-            self._failed(ConnectionResetError("the client closed during the TLS handshake"))
+            if not self._stepping:  # else after the step: it may end the handshake
+                self._failed(ConnectionResetError("the client closed during the TLS "
+                                                  "handshake"))
         elif self._reading and not self._ended and not self._closing:
             self._read()  # what is left decrypted first, then the end
         return True  # the write side stays open: closed by close() or abort()
@@ -122,17 +243,34 @@ class TlsStream(asyncio.Protocol, asyncio.Transport):
         self._app.resume_writing()
 
     # -- the handshake and reading ---------------------------------------------------------
-    def _handshake(self) -> None:
-        try:
-            self._tls.do_handshake()
-        except ssl.SSLWantReadError:
-            self._flush()
+    def _stepped(self, outcome: Outcome) -> None:
+        """A handshake step ran (``Handshakes``): its flight out, then the bytes that came
+        meanwhile in, then the next step, or the handshake's end."""
+        self._stepping = False
+        if self._done is None:
+            return  # failed meanwhile (timed out, hung up): aborted
+        if self._tcp.is_closing():  # closed meanwhile (for room, at the stop): not written
+            self._failed(ConnectionResetError("closed during the TLS handshake"))
             return
-        except ssl.SSLError as exc:
-            self._flush()  # the alert that says why, for the client
-            self._failed(exc)
+        self._flush()  # the server's flight, the alert that says why, TLS 1.3's tickets
+        if isinstance(outcome, BaseException):
+            self._failed(outcome)
             return
-        self._flush()  # the server's last flight (and TLS 1.3's session tickets)
+        if self._early:
+            for data in self._early:
+                self._in.write(data)
+            paused, self._early, self._early_bytes = self._early_bytes > _EARLY, [], 0
+            if paused and not self._tcp_eof:
+                self._tcp.resume_reading()
+            if outcome == _WANT_READ:
+                self._stepping = True
+                self._handshakes.run(self)
+                return
+        if outcome == _WANT_READ:
+            if self._tcp_eof:  # came during the step, and the handshake is not over
+                self._failed(ConnectionResetError("the client closed during the TLS "
+                                                  "handshake"))
+            return
         self._timer.cancel()
         done, self._done = self._done, None
         assert done is not None
@@ -142,6 +280,8 @@ class TlsStream(asyncio.Protocol, asyncio.Transport):
 
     def _failed(self, exc: BaseException) -> None:
         self._timer.cancel()
+        self._handshakes.forget(self)
+        self._early.clear()
         done, self._done = self._done, None
         if done is not None:
             done(None, exc)
