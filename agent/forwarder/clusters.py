@@ -107,6 +107,9 @@ def idle_metadata_interval(idle_connection_seconds: float) -> float:
 METADATA_TIMEOUT = 3.0
 LIMITS_INTERVAL = 60.0  # seconds between looks at the topics' limits (an operator may alter)
 IDLE_LIMITS_INTERVAL = 120.0  # ... while nothing is in flight (a send makes it due sooner)
+# How long a broker has been quiet before the probe checks whether it answers again
+# (seconds; Probe.check_reach): past a slow answer, which the statistics see come.
+REACH_CHECK_AFTER = 5.0
 # A topic whose limits could not be learnt (the cluster unreachable when it was first sent
 # to, DescribeConfigs denied) is asked again this often; meanwhile the defaults apply.
 LIMITS_RETRY = 5.0
@@ -261,7 +264,17 @@ class Cluster:
             self._reach_changed()
 
     def _out_of_reach_addresses(self) -> dict[int, str]:
-        return {u.node: u.address for u in self.brokers_watch.unreachable().values()}
+        """The brokers for the probe's reach check: those quiet for ``REACH_CHECK_AFTER``.
+        One found out of reach for a moment (an answer slow on a loaded host) is left to
+        the statistics, which see its answer come: a check would open a connection for
+        nothing (an idle agent holds one per broker, no more). Only in a partial failure:
+        with most of the cluster out of reach nothing is routed around, and a fleet's agents
+        would each add a connection a probe period to every dead broker."""
+        if not self.partial():
+            return {}
+        now = time.time()
+        return {u.node: u.address for u in self.brokers_watch.unreachable().values()
+                if now - u.since >= REACH_CHECK_AFTER}
 
     def _reached(self, node: int, answered: bool) -> None:
         """Whether a broker out of reach answered the probe's request to it alone (probe

@@ -443,8 +443,12 @@ class SpoolIntake:
             self._failed(path, "unremovable", f"to be quarantined ({reason}: {detail}), but "
                          f"it cannot be moved: {exc.strerror or exc}")
             return
-        target.with_name(target.name + ".reason").write_text(
+        # Whole or not at all (written aside, then renamed): whoever watches quarantine/
+        # for reasons never reads a half-written one.
+        written = target.with_name(f".{target.name}.reason.tmp")
+        written.write_text(
             f"{reason}: {detail}\nquarantined at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n")
+        os.replace(written, target.with_name(target.name + ".reason"))
         self.store.update_state(deletes=[key])
         self.registry.inc("spool_files_quarantined", reason=reason)
         self.registry.sample("quarantined", reason, {"source": Source.SPOOL,
