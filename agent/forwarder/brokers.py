@@ -45,6 +45,9 @@ ANSWERED_MS = 1000
 HOLD_SECONDS = 30.0
 # librdkafka's statistics interval for every producer (ms).
 STATS_INTERVAL_MS = 1000
+# A client's quiet counts only while its samples keep saying so (seconds): a sample may be
+# missed, or catch a connection being set up again between two tries.
+QUIET_SEEN_WITHIN = 2.5 * STATS_INTERVAL_MS / 1000
 
 _decoder = json.JSONDecoder()
 
@@ -134,6 +137,7 @@ class BrokerWatch:
         self._wall = wall
         self._lock = threading.Lock()
         self._quiet_since: dict[tuple[str, int], float] = {}  # (source, node) -> monotonic
+        self._quiet_seen: dict[tuple[str, int], float] = {}  # (source, node) -> last quiet
         self._answered: dict[int, float] = {}  # node -> last answering sample (monotonic)
         self._last_quiet: dict[int, float] = {}  # node -> last quiet sample (monotonic)
         self._partitions: dict[int, tuple[tuple[str, int], ...]] = {}
@@ -169,6 +173,7 @@ class BrokerWatch:
                 elif b.quiet_ms is not None:
                     began = now - b.quiet_ms / 1000.0
                     self._quiet_since[key] = min(self._quiet_since.get(key, began), began)
+                    self._quiet_seen[key] = now
                     self._last_quiet[b.node] = now
             return self._judge(now)
 
@@ -193,10 +198,22 @@ class BrokerWatch:
 
     def _judge(self, now: float) -> bool:
         before = set(self._unreachable)
-        for (_, node), since in list(self._quiet_since.items()):
+        for key, since in list(self._quiet_since.items()):
+            node = key[1]
             if node in self._unreachable:
                 continue
-            if (now - since >= self.quiet_after + self._throttle_s(node, now)
+            seen = self._quiet_seen.get(key, float("-inf"))
+            if now - seen > QUIET_SEEN_WITHIN:
+                # Not said quiet lately: a connection caught once being set up, then left
+                # alone (an idle agent's connection closed and not wanted again) is no
+                # verdict, however long ago that began; a quiet spell later starts afresh.
+                del self._quiet_since[key]
+                self._quiet_seen.pop(key, None)
+                continue
+            # Quiet for as long as the samples said so (and up to one interval past the
+            # last), not merely since the first: one sample is not a spell.
+            quiet_for = min(now, seen + STATS_INTERVAL_MS / 1000) - since
+            if (quiet_for >= self.quiet_after + self._throttle_s(node, now)
                     and now - self._answered.get(node, float("-inf")) >= self.quiet_after):
                 wall_since = self._wall() - (now - since)
                 self._unreachable[node] = Unreachable(

@@ -185,3 +185,24 @@ def test_a_check_left_unanswered_holds_a_broker_out_of_reach_past_the_hold() -> 
     assert list(w.unreachable()) == [1]
     clock.now += HOLD_SECONDS  # the checks stopped: the hold runs out as before
     assert w.sample("p", _stats(_broker(1, state="DOWN", rxidle_ms=-1)))
+
+
+def test_a_connection_caught_once_being_set_up_then_left_alone_is_no_verdict() -> None:
+    """An idle agent's connection closed for idleness is set up again for a refresh: one
+    sample may catch it connecting, the next ones find it neither connecting nor up (not
+    wanted). That is no quiet spell, however long ago it began; a later one starts afresh."""
+    clock = Clock()
+    w = _watch(clock, quiet_after=2.0)
+    w.sample("p", _stats(_broker(1, state="CONNECT", rxidle_ms=-1)))
+    for _ in range(5):
+        clock.now += 1.0
+        assert not w.sample("p", _stats(_broker(1, state="INIT", rxidle_ms=-1)))
+    assert w.unreachable() == {}
+    # A real spell: connecting sample after sample, for quiet_after.
+    clock.now += 1.0
+    assert not w.sample("p", _stats(_broker(1, state="CONNECT", rxidle_ms=-1)))
+    clock.now += 1.0
+    assert not w.sample("p", _stats(_broker(1, state="APIVERSION_QUERY", rxidle_ms=-1)))
+    clock.now += 1.0
+    assert w.sample("p", _stats(_broker(1, state="CONNECT", rxidle_ms=-1)))
+    assert list(w.unreachable()) == [1]
