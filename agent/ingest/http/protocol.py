@@ -412,7 +412,10 @@ class HttpProtocol(asyncio.Protocol):
         failed on a TLS error is counted and logged (a client without the certificate mTLS
         asks for, plain HTTP on this port), a client that hung up is not."""
         if secure is None or self.closed:
-            if not self.closed and isinstance(error, ssl.SSLError):
+            # Counted also when the connection is gone already: a client that does not
+            # trust the certificate sends its alert, then often a reset, which may end the
+            # connection before the handshake step that reads the alert is over.
+            if isinstance(error, ssl.SSLError):
                 self.connections.closed(TLS_HANDSHAKE)
                 what = error.reason or type(error).__name__
                 self.connections.said.warning(f"{TLS_HANDSHAKE}:{what}",

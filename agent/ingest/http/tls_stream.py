@@ -122,9 +122,10 @@ class Handshakes:
         else:
             self._waiting[stream] = None
 
-    def forget(self, stream: TlsStream) -> None:
-        """``stream`` closed: it no longer waits for a thread."""
-        self._waiting.pop(stream, None)
+    def forget(self, stream: TlsStream) -> bool:
+        """``stream`` closed: it no longer waits for a thread. True when it was waiting (so
+        no step of it runs now)."""
+        return self._waiting.pop(stream, False) is None
 
     def close(self) -> None:
         self._waiting.clear()
@@ -233,7 +234,11 @@ class TlsStream(asyncio.Protocol, asyncio.Transport):
             self._resumed.cancel()
             self._resumed = None
         if self._done is not None:
-            self._failed(exc or ConnectionResetError("closed during the TLS handshake"))
+            if not self._stepping:
+                self._failed(exc or ConnectionResetError("closed during the TLS handshake"))
+            elif self._handshakes.forget(self):  # its step had not begun: take it now
+                self._failed(self._last_word(None, pending=True))
+            # else a step runs in a thread: _stepped gives the verdict when it is over
         self._app.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -249,8 +254,8 @@ class TlsStream(asyncio.Protocol, asyncio.Transport):
         self._stepping = False
         if self._done is None:
             return  # failed meanwhile (timed out, hung up): aborted
-        if self._tcp.is_closing():  # closed meanwhile (for room, at the stop): not written
-            self._failed(ConnectionResetError("closed during the TLS handshake"))
+        if self._tcp.is_closing():  # closed meanwhile (for room, at the stop, a reset)
+            self._failed(self._last_word(outcome, pending=False))
             return
         self._flush()  # the server's flight, the alert that says why, TLS 1.3's tickets
         if isinstance(outcome, BaseException):
@@ -277,6 +282,24 @@ class TlsStream(asyncio.Protocol, asyncio.Transport):
         done(self, None)
         if self._reading and not self.is_closing():
             self._read()  # a request sent with the handshake's last flight
+
+    def _last_word(self, outcome: Outcome, *, pending: bool) -> BaseException:
+        """Why a handshake whose connection went during a step failed: the step's own TLS
+        error, else the client's last bytes (the alert that says why: a client that does
+        not trust the certificate sends one, then often a reset, which may come before the
+        step is over), taken in one more step here, else the connection's loss.
+        ``pending``: bytes in the BIO wait for a step that never ran."""
+        if isinstance(outcome, BaseException):
+            return outcome
+        if self._early or pending:
+            for data in self._early:
+                self._in.write(data)
+            self._early.clear()
+            self._early_bytes = 0
+            last = _step(self._tls)
+            if isinstance(last, BaseException):
+                return last
+        return ConnectionResetError("closed during the TLS handshake")
 
     def _failed(self, exc: BaseException) -> None:
         self._timer.cancel()
