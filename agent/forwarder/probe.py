@@ -89,6 +89,7 @@ class Probe:
         self.out_of_reach = out_of_reach
         self.reached = reached
         self._cluster = cluster
+        self._reach_turn = -1  # which broker out of reach check_reach asked last
         self.topics = topics  # Ferry's topics on the cluster: where to look for a shortfall
         self.named = named  # the topic to name, when the cluster has one (see the docstring)
         self._listed: str | None = None  # a topic the last answer listed, failing ``named``
@@ -169,10 +170,16 @@ class Probe:
         any other error says nothing and is not reported). Nothing else would notice one
         coming back soon: Ferry sends nothing to its partitions meanwhile, and librdkafka may
         not reconnect to a broker it has nothing for. Only while a broker is out of reach; a
-        client costs about 3 ms of CPU, and waits at most ``REACH_TIMEOUT``."""
+        client costs about 3 ms of CPU, and waits at most ``REACH_TIMEOUT``. One broker a
+        probe, in turn: the probe's own period (the cluster's verdict) never stretches by
+        more than one check, however many brokers are cut off."""
         if self.out_of_reach is None or self.reached is None:
             return
-        for node, address in sorted(self.out_of_reach().items()):
+        cut = sorted(self.out_of_reach().items())
+        if not cut:
+            return
+        self._reach_turn = (self._reach_turn + 1) % len(cut)
+        for node, address in cut[self._reach_turn:self._reach_turn + 1]:
             if not address or self._stop.is_set():
                 continue
             conf = probe_config(self.name, self._cluster, None, None)

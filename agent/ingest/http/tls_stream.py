@@ -173,7 +173,7 @@ class TlsStream(asyncio.Protocol, asyncio.Transport):
 
     __slots__ = ("_loop", "_tcp", "_app", "_in", "_out", "_tls", "_done", "_timer",
                  "_reading", "_tcp_eof", "_ended", "_closing", "_resumed", "_handshakes",
-                 "_stepping", "_early", "_early_bytes")
+                 "_stepping", "_early", "_early_bytes", "_stepped_once")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, tcp: asyncio.Transport,
                  protocol: asyncio.Protocol, context: ssl.SSLContext,
@@ -195,6 +195,7 @@ class TlsStream(asyncio.Protocol, asyncio.Transport):
         self._resumed: asyncio.Handle | None = None
         self._handshakes = handshakes
         self._stepping = False  # a handshake step runs or waits for a thread
+        self._stepped_once = False  # the first step (the server's flight, its crypto) ran
         self._early: list[bytes] = []  # bytes that came meanwhile, for the BIO after it
         self._early_bytes = 0
 
@@ -236,8 +237,12 @@ class TlsStream(asyncio.Protocol, asyncio.Transport):
         if self._done is not None:
             if not self._stepping:
                 self._failed(exc or ConnectionResetError("closed during the TLS handshake"))
-            elif self._handshakes.forget(self):  # its step had not begun: take it now
-                self._failed(self._last_word(None, pending=True))
+            elif self._handshakes.forget(self):  # its step had not begun
+                # Past the first step, what waits is the client's answer to the server's
+                # flight (an alert, its Finished): cheap, so taken here for its verdict. A
+                # first step (the key exchange) is not run on the loop for a client gone.
+                self._failed(self._last_word(None, pending=True) if self._stepped_once
+                             else ConnectionResetError("closed during the TLS handshake"))
             # else a step runs in a thread: _stepped gives the verdict when it is over
         self._app.connection_lost(exc)
 
@@ -252,6 +257,7 @@ class TlsStream(asyncio.Protocol, asyncio.Transport):
         """A handshake step ran (``Handshakes``): its flight out, then the bytes that came
         meanwhile in, then the next step, or the handshake's end."""
         self._stepping = False
+        self._stepped_once = True
         if self._done is None:
             return  # failed meanwhile (timed out, hung up): aborted
         if self._tcp.is_closing():  # closed meanwhile (for room, at the stop, a reset)
