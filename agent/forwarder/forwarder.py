@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections import deque
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -57,7 +56,7 @@ QUIET_WAIT = 0.05
 START_JITTER_POLL = 0.1
 
 
-class Forwarder(Reading, Routing, Sending, Reports, Retries):
+class Forwarder(Reading, Sending, Reports, Retries):
     def __init__(
         self,
         config: FerryConfig,
@@ -103,7 +102,6 @@ class Forwarder(Reading, Routing, Sending, Reports, Retries):
         # One list for the forwarder's life: every local Flight in flight holds it as its sink.
         self._reports = []
         self._retry_topics = self.shared.retry_topics  # the same set (shared.py)
-        self._speculative = deque()
         self._generations = {}
         self._next_topic_scan = 0.0
         self._present = set()  # topics with buffered messages, as last scanned
@@ -111,6 +109,8 @@ class Forwarder(Reading, Routing, Sending, Reports, Retries):
         # Discards, and the batched durable delete of what left (leaving.py).
         self.leaving = Leaving(self.shared, store, registry, self.discard_log,
                                self._ack_signal)
+        # Which cluster a message goes to; the speculative sends (routing.py).
+        self.routing = Routing(self.clusters)
         # Topics that cannot deliver, shown until they do (stuck_topics.py).
         self.stuck_topics = StuckTopics(self.shared, self.clusters)
         # Topics with delivery = "exactly_once" are sent by their own thread (transactions.py)

@@ -9,10 +9,10 @@ methods. The others are still mixins of one class, the ``Forwarder``, each made 
 | room | file | is | what it does |
 | --- | --- | --- | --- |
 | ``Reading`` | reading.py | mixin | reads each topic's buffer in order, checks what must not go |
-| ``Routing`` | routing.py | mixin | chooses the cluster: local, or remote for fallback topics |
 | ``Sending`` | send.py | mixin | builds and produces messages (the plain-message fast path) |
 | ``Reports`` | reports.py | mixin | delivery reports: acknowledged messages, failed sends |
 | ``Retries`` | retries.py | mixin | a failed send: a retry, the other cluster, a discard |
+| ``Routing`` | routing.py | ``.routing`` | the cluster: local, or remote for fallback topics |
 | ``StuckTopics`` | stuck_topics.py | ``.stuck_topics`` | topics that cannot deliver, and why |
 | ``Leaving`` | leaving.py | ``.leaving`` | discards; the batched durable delete of what left |
 | ``ClusterWatch`` | cluster_watch.py | ``.cluster_watch`` | cluster states from the sends; gauges |
@@ -31,7 +31,6 @@ goes through its methods' arguments and results.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeGuard
 
@@ -45,6 +44,7 @@ from agent.forwarder.discard_log import DiscardLog
 from agent.forwarder.flight import Flight, Report
 from agent.forwarder.leaving import Leaving
 from agent.forwarder.partitioner import TopicLayout
+from agent.forwarder.routing import Routing
 from agent.forwarder.shared import Shared
 from agent.forwarder.shared import log as log
 from agent.forwarder.stuck_topics import StuckTopics
@@ -70,6 +70,7 @@ class LoopState(ABC):
     # What the rooms made objects share with the loop, and those rooms.
     shared: Shared
     leaving: Leaving
+    routing: Routing
     stuck_topics: StuckTopics
     cluster_watch: ClusterWatch
     _ack_signal: AckSender
@@ -79,7 +80,6 @@ class LoopState(ABC):
     # One list for the forwarder's life: every local Flight in flight holds it as its sink.
     _reports: list[Report]
     _retry_topics: set[str]  # shared.retry_topics
-    _speculative: deque[tuple[float, Flight]]
     _generations: dict[str, int]
     _next_topic_scan: float
     _present: set[str]  # topics with buffered messages, as last scanned
@@ -92,14 +92,6 @@ class LoopState(ABC):
 
     @abstractmethod
     def _expire_head(self, topic: str, st: TopicState, now: float) -> bool:
-        ...
-
-    @abstractmethod
-    def _direct_route(self, topic: str, settings: TopicConfig) -> tuple[Any, Any] | None:
-        ...
-
-    @abstractmethod
-    def _layout_known(self, topic: str) -> bool:
         ...
 
     @abstractmethod

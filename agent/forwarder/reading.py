@@ -54,7 +54,7 @@ class Reading(LoopState):
                 continue
             if st.drained_at and now - st.drained_at < 0.001:
                 continue
-            if not self._layout_known(topic):
+            if not self.routing.layout_known(topic):
                 # Partitions being looked up (or the cluster is unreachable): the messages
                 # wait in the buffer, but the TTL still applies to them.
                 worked |= self._expire_head(topic, st, now)
@@ -76,7 +76,7 @@ class Reading(LoopState):
             # Messages are in acceptance order: if the newest one read is older than the TTL,
             # the check is needed per message; if the oldest one is younger, for none.
             check_ttl = now_ms - keys.id_timestamp_ms(values[0][0]) > settings.ttl_seconds * 1000
-            direct = self._direct_route(topic, settings)
+            direct = self.routing.direct(topic, settings)
             if direct is not None:
                 # The common case sends from the undecoded values (no object per message).
                 self._send_values(topic, values, st, settings, gen, check_ttl, now_ms,

@@ -21,7 +21,7 @@ from agent.buffer import codec
 from agent.buffer.store import Corrupt, StoredMessage, message
 from agent.config import TopicConfig
 from agent.forwarder import failures, holding, producing, timestamps
-from agent.forwarder.flight import LOCAL, Flight, value_report
+from agent.forwarder.flight import LOCAL, REMOTE, Flight, value_report
 from agent.forwarder.loop_state import LoopState
 from agent.forwarder.partitioner import UNASSIGNED, TopicLayout, choose
 from agent.forwarder.plain import NOT_PLAIN, plain_values
@@ -171,6 +171,25 @@ class Sending(LoopState):
         f.pending = 1
         st.sending += 1
         return False
+
+    def _send(self, f: Flight, now: float) -> None:
+        """Send ``f`` to the cluster routing.py names, and have a fallback topic's local send
+        sent to the remote cluster too if it is not acknowledged in time."""
+        cluster = self.routing.cluster_for(f)
+        sent = self._produce(f, cluster)
+        if sent is None:
+            self._schedule_retry(f, 0.05)  # cannot be sent right now: see _produce
+        elif sent and cluster == LOCAL:
+            self.routing.speculate(f, now)
+
+    def _due_speculative(self, now: float) -> bool:
+        """Send to the remote cluster the fallback topics' local sends not acknowledged in
+        their delay (routing.py)."""
+        due = self.routing.due(now, self._generations)
+        for f in due:
+            if self._produce(f, REMOTE) is None:
+                self.routing.again(f, now)  # remote partitions not known yet
+        return bool(due)
 
     def _produce(self, f: Flight, cluster_name: str) -> bool | None:
         """Hand ``f`` to a cluster's producer.
