@@ -32,45 +32,32 @@ if TYPE_CHECKING:
     from tests.forwarder.fakes import Setup
 
 # --------------------------------------------------------------------------------------------
-# Three parts run at once: dev/test starts one pytest per part (FERRY_TEST_PART)
+# Two parts run at once: dev/test starts one pytest per part (FERRY_TEST_PART)
 # --------------------------------------------------------------------------------------------
 
-# The suite's time is its longest part's. Each costly shared thing (a session cluster's JVMs,
-# the SparkSession, the packages' build) is made by one part only:
-# - ``kafka``: the tests on the session Apache Kafka clusters ``kafka_cluster`` and
-#   ``proxied_kafka``, one cluster after the other (``late_cluster``); they wait on brokers.
-# - ``waiting``: those marked ``waiting`` (outages and crashes on tansu: they wait on agents
-#   and timeouts), those with a Kafka cluster of their own, those on ``newest_kafka``; and,
-#   to even the parts' times, the directories in ``BALANCING`` (the SparkSession's tests,
-#   the status page's in Chromium, the reliability checks that are not marked waiting).
-# - ``rest``: everything else; it mostly computes.
-# Measured on the 2-core machine with two parts (waiting and the rest, 19 min each), the
-# ``kafka_cluster`` tests took 9.5 min, ``proxied_kafka``'s 4, ``newest_kafka``'s 2.5, the
-# other waiting tests 3; the rest's spark/ 3.3, status/ 0.8, reliability/ 2.2 min.
+# The tests on the session's Apache Kafka clusters, and those marked ``waiting`` (outages
+# and crashes on tansu: they wait on agents and timeouts), mostly wait; the rest mostly
+# computes. dev/test runs the two parts in two processes at the same time, each costly shared
+# thing (the clusters' JVMs, the SparkSession, the packages' build) made by one process only.
 KAFKA_FIXTURES = frozenset({"kafka_cluster", "apache_kafka", "newest_kafka", "proxied_kafka"})
-PARTS = ("kafka", "waiting", "rest")
-BALANCING = ("tests/spark/", "tests/status/", "tests/reliability/")
+PARTS = ("waiting", "rest")
 # The session-scoped Apache Kafka clusters, each started by its first test and stopped after
 # its last (STARTED holds those running; LAST_USERS maps a test to those it is the last of).
 SESSION_CLUSTERS = ("kafka_cluster", "newest_kafka", "proxied_kafka")
 SESSION_ORDER = ("kafka_cluster", "proxied_kafka", "newest_kafka")  # the order they run in
-KAFKA_PART_CLUSTERS = frozenset({"kafka_cluster", "proxied_kafka"})
 STARTED: dict[str, KafkaCluster] = {}
 LAST_USERS = pytest.StashKey[dict[str, set[str]]]()
 
 
-def part_of(item: pytest.Item) -> str:
-    """The part a test runs in (``PARTS``, above)."""
-    if session_clusters(item) & KAFKA_PART_CLUSTERS:
-        return "kafka"
+def in_waiting_part(item: pytest.Item) -> bool:
+    """Whether the test uses a session Apache Kafka cluster, is in a module that builds its
+    own (it imports ``KafkaCluster``), or is marked ``waiting``."""
     if KAFKA_FIXTURES & set(getattr(item, "fixturenames", ())):
-        return "waiting"  # newest_kafka's
+        return True
     if item.get_closest_marker("waiting") is not None:
-        return "waiting"
+        return True
     module = getattr(item, "module", None)
-    if module is not None and getattr(module, "KafkaCluster", None) is KafkaCluster:
-        return "waiting"  # a cluster of its own
-    return "waiting" if item.nodeid.startswith(BALANCING) else "rest"
+    return module is not None and getattr(module, "KafkaCluster", None) is KafkaCluster
 
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected theirs
@@ -97,11 +84,12 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def _select_part(config: pytest.Config, items: list[pytest.Item], part: str) -> None:
     if part not in PARTS:
         raise pytest.UsageError(f"FERRY_TEST_PART={part!r}: one of {', '.join(PARTS)}")
-    keep = [item for item in items if part_of(item) == part]
-    dropped = [item for item in items if part_of(item) != part]
+    waiting = part == "waiting"
+    keep = [item for item in items if in_waiting_part(item) == waiting]
+    dropped = [item for item in items if in_waiting_part(item) != waiting]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-    items[:] = sorted(keep, key=late_cluster)
+    items[:] = sorted(keep, key=late_cluster) if waiting else keep
 
 
 def session_clusters(item: pytest.Item) -> set[str]:
@@ -123,11 +111,11 @@ def session_clusters(item: pytest.Item) -> set[str]:
 
 
 def late_cluster(item: pytest.Item) -> int:
-    """Where a test runs in its part, so that at most one session cluster of a part runs at a
+    """Where a test of the waiting part runs, so that at most one session cluster runs at a
     time (each starts at its first test and stops after its last: pytest_runtest_teardown),
-    its JVMs taking CPU from every part: first the tests that use none, then those of
-    ``kafka_cluster``, of ``proxied_kafka``, and of ``newest_kafka`` (sorted() keeps the
-    order otherwise)."""
+    their JVMs taking CPU from both parts: first the tests that use none (tansu, or a
+    cluster of their own), then those of ``kafka_cluster``, of ``proxied_kafka``, and of
+    ``newest_kafka`` (sorted() keeps the order otherwise)."""
     used = session_clusters(item)
     return max((SESSION_ORDER.index(name) + 1 for name in used), default=0)
 

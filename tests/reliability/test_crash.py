@@ -16,7 +16,7 @@ from tests.kafka import Broker
 from tests.reliability.checker import check_report, run_crash_check
 
 # Mostly waits (on agents, brokers and an outage): run beside the Apache Kafka tests
-# (tests/conftest.py, part_of).
+# (tests/conftest.py, in_waiting_part).
 pytestmark = pytest.mark.waiting
 
 CI_KILLS = int(os.environ.get("FERRY_RELIABILITY_KILLS", "20"))

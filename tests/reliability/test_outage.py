@@ -35,7 +35,7 @@ from tests.reliability.keyed_load import KeyedSender, http_load, socket_load, ta
 from tests.waiting import wait_until
 
 # Mostly waits (on agents, brokers and an outage): run beside the Apache Kafka tests
-# (tests/conftest.py, part_of).
+# (tests/conftest.py, in_waiting_part).
 pytestmark = pytest.mark.waiting
 
 OUTAGE_SECONDS = float(os.environ.get("FERRY_RELIABILITY_OUTAGE_SECONDS", "15"))

@@ -30,7 +30,7 @@ from tests.reliability.keyed_load import (
 from tests.waiting import wait_until
 
 # Mostly waits (a broker stopped and started under load): run beside the Apache Kafka tests
-# (tests/conftest.py, part_of).
+# (tests/conftest.py, in_waiting_part).
 pytestmark = pytest.mark.waiting
 
 
