@@ -443,6 +443,11 @@ class SpoolIntake:
             self._failed(path, "unremovable", f"to be quarantined ({reason}: {detail}), but "
                          f"it cannot be moved: {exc.strerror or exc}")
             return
+        # Counted before its reason appears: whoever sees a .reason file finds it counted.
+        self.registry.inc("spool_files_quarantined", reason=reason)
+        self.registry.sample("quarantined", reason, {"source": Source.SPOOL,
+                                                     "file": str(root / name),
+                                                     "detail": detail})
         # Whole or not at all (written aside, then renamed): whoever watches quarantine/
         # for reasons never reads a half-written one.
         written = target.with_name(f".{target.name}.reason.tmp")
@@ -450,10 +455,6 @@ class SpoolIntake:
             f"{reason}: {detail}\nquarantined at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n")
         os.replace(written, target.with_name(target.name + ".reason"))
         self.store.update_state(deletes=[key])
-        self.registry.inc("spool_files_quarantined", reason=reason)
-        self.registry.sample("quarantined", reason, {"source": Source.SPOOL,
-                                                     "file": str(root / name),
-                                                     "detail": detail})
         log.error("spool file %s quarantined to %s: %s", root / name, target, detail)
 
     def _wake_later(self, seconds: float) -> None:
