@@ -126,13 +126,14 @@ def test_one_venv_serves_both_in_either_order(tmp_path: Path) -> None:
         if installs:
             # The runtime set from the lock, hashes checked, comes first; the extras go in
             # under its pins, a constraints file of the lock's name==version lines.
-            lock = calls.index("-m pip install -q --require-hashes -r packaging/requirements.lock")
+            lock = calls.index("-m pip install -q --no-compile --require-hashes -r "
+                                "packaging/requirements.lock")
             assert lock < calls.index(installs[0])
             pins = (tmp_path / ".venv" / "ferry-constraints.txt").read_text().split()
             assert "confluent-kafka==" in " ".join(pins) and all("==" in p for p in pins)
         return installs
 
-    installs = "-m pip install -q -c .venv/ferry-constraints.txt -e .[{}]"
+    installs = "-m pip install -q --no-compile -c .venv/ferry-constraints.txt -e .[{}]"
     assert bootstrap("try") == [installs.format("try")]
     assert bootstrap("try") == []                      # already done
     assert not fetched.exists()                        # try needs no Kafka jars
