@@ -185,6 +185,9 @@ class Forwarder(Reading, Sending, Reports, Retries):
             if self._commits.wait(timeout):
                 for st in self._topics.values():
                     st.drained_at = 0.0
+                # The commit may be of a topic the loop does not hold (new, or dropped once it
+                # drained): the next step looks at the buffer's topics, whenever it last did.
+                self._next_topic_scan = 0.0
             return
         producers = [p for c in self.clusters.values() for p in c.producers()]
         if not wait_for_reports(producers, timeout):
