@@ -20,6 +20,7 @@ Facts about tansu 0.6.0 that tests must respect (verified against this binary):
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import functools
 import importlib.util
@@ -588,7 +589,8 @@ class _RequestFrames:
     head: bytearray = field(default_factory=bytearray)  # the request's first bytes so far
     skip: int = 0  # bytes of the current request still to pass
 
-    def feed(self, data: bytes, counts: dict[tuple[int, str], int]) -> None:
+    def feed(self, data: bytes, counts: dict[tuple[int, str], int],
+             log: collections.deque[tuple[float, int, str]] | None = None) -> None:
         at, end = 0, len(data)
         while at < end:
             if self.skip:
@@ -609,6 +611,8 @@ class _RequestFrames:
             size, api_key = struct.unpack_from(">ih", self.head)
             client = self.head[14:].decode(errors="replace")
             counts[api_key, client] = counts.get((api_key, client), 0) + 1
+            if log is not None:
+                log.append((time.monotonic(), api_key, client))
             self.skip = max(size + 4 - len(self.head), 0)
             self.head.clear()
 
@@ -633,6 +637,10 @@ class _Pipe:
 
     def sockets(self) -> list[socket.socket]:
         return [self.client] if self.upstream is None else [self.client, self.upstream]
+
+
+# How many requests a TcpProxy remembers one by one (request_log).
+REQUEST_LOG = 10_000
 
 
 class TcpProxy:
@@ -664,6 +672,10 @@ class TcpProxy:
         # ApiVersions, ...) and client id: read with request_counts(). Counted while
         # forwarding only.
         self._requests: dict[tuple[int, str], int] = {}
+        # The same requests one by one, (time.monotonic(), api_key, client id), the latest
+        # REQUEST_LOG of them: when a count is off, the times say which came when.
+        self._request_log: collections.deque[tuple[float, int, str]] = collections.deque(
+            maxlen=REQUEST_LOG)
         self._mode: ProxyMode = "forward"
         self._pipes: set[_Pipe] = set()
         self._closed = False
@@ -697,6 +709,13 @@ class TcpProxy:
         its start."""
         copy: dict[tuple[int, str], int] = {}
         self._call(lambda: copy.update(self._requests))
+        return copy
+
+    def request_log(self) -> list[tuple[float, int, str]]:
+        """The latest requests forwarded from clients, one by one: (``time.monotonic()``,
+        api_key, client id), oldest first; a copy, taken on the proxy's thread."""
+        copy: list[tuple[float, int, str]] = []
+        self._call(lambda: copy.extend(self._request_log))
         return copy
 
     def blackhole(self) -> None:
@@ -882,7 +901,7 @@ class TcpProxy:
                     pipe.peer_outbox(sock).extend(data)
                     self.bytes_forwarded += len(data)
                     if sock is pipe.client and not pipe.tainted:
-                        pipe.requests.feed(data, self._requests)
+                        pipe.requests.feed(data, self._requests, self._request_log)
                 else:
                     self.bytes_dropped += len(data)
                     pipe.tainted = True

@@ -306,7 +306,9 @@ def test_artifacts_dir_is_an_empty_per_test_directory_under_test_artifacts(
 
 def test_request_frames_count_each_request_by_api_key_however_the_stream_is_cut() -> None:
     """The counting proxy's parser: two Metadata requests (api_key 3) and a Produce (0) of
-    two clients, one with no client id, handed over one byte at a time, then in one piece."""
+    two clients, one with no client id, handed over one byte at a time, then in one piece;
+    each also logged one by one, in order."""
+    import collections
     import struct
 
     from tests.kafka import _RequestFrames
@@ -320,8 +322,11 @@ def test_request_frames_count_each_request_by_api_key_however_the_stream_is_cut(
               b"p" * 1000) + request(3, None, b"") + request(3, b"ferry-local-probe", b""))
     for pieces in ([stream[i:i + 1] for i in range(len(stream))], [stream]):
         counts: dict[tuple[int, str], int] = {}
+        log: collections.deque[tuple[float, int, str]] = collections.deque()
         frames = _RequestFrames()
         for piece in pieces:
-            frames.feed(piece, counts)
+            frames.feed(piece, counts, log)
         assert counts == {(3, "ferry-local-probe"): 2, (0, "ferry-local-all"): 1, (3, ""): 1}
+        assert [(api, client) for _, api, client in log] == [
+            (3, "ferry-local-probe"), (0, "ferry-local-all"), (3, ""), (3, "ferry-local-probe")]
         assert frames.skip == 0 and not frames.head
