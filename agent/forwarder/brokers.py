@@ -136,8 +136,8 @@ class BrokerWatch:
         self._clock = clock
         self._wall = wall
         self._lock = threading.Lock()
-        self._quiet_since: dict[tuple[str, int], float] = {}  # (source, node) -> monotonic
-        self._quiet_seen: dict[tuple[str, int], float] = {}  # (source, node) -> last quiet
+        # (source, node) -> (quiet since, last sample that said so), monotonic
+        self._quiet: dict[tuple[str, int], tuple[float, float]] = {}
         self._answered: dict[int, float] = {}  # node -> last answering sample (monotonic)
         self._last_quiet: dict[int, float] = {}  # node -> last quiet sample (monotonic)
         self._partitions: dict[int, tuple[tuple[str, int], ...]] = {}
@@ -164,16 +164,16 @@ class BrokerWatch:
                     self._partitions[b.node] = b.partitions
                 if b.answering:
                     self._answered[b.node] = now
-                    self._quiet_since.pop(key, None)
+                    self._quiet.pop(key, None)
                 elif b.quiet_ms is None and b.connected:
                     # Connected and waiting for nothing: this client is not kept waiting.
                     # Not an answer, though: an idle connection through a network that
                     # went silent looks just the same.
-                    self._quiet_since.pop(key, None)
+                    self._quiet.pop(key, None)
                 elif b.quiet_ms is not None:
                     began = now - b.quiet_ms / 1000.0
-                    self._quiet_since[key] = min(self._quiet_since.get(key, began), began)
-                    self._quiet_seen[key] = now
+                    since = self._quiet[key][0] if key in self._quiet else began
+                    self._quiet[key] = (min(since, began), now)
                     self._last_quiet[b.node] = now
             return self._judge(now)
 
@@ -198,17 +198,15 @@ class BrokerWatch:
 
     def _judge(self, now: float) -> bool:
         before = set(self._unreachable)
-        for key, since in list(self._quiet_since.items()):
+        for key, (since, seen) in list(self._quiet.items()):
             node = key[1]
             if node in self._unreachable:
                 continue
-            seen = self._quiet_seen.get(key, float("-inf"))
             if now - seen > QUIET_SEEN_WITHIN:
                 # Not said quiet lately: a connection caught once being set up, then left
                 # alone (an idle agent's connection closed and not wanted again) is no
                 # verdict, however long ago that began; a quiet spell later starts afresh.
-                del self._quiet_since[key]
-                self._quiet_seen.pop(key, None)
+                del self._quiet[key]
                 continue
             # Quiet for as long as the samples said so (and up to one interval past the
             # last), not merely since the first: one sample is not a spell.
@@ -224,8 +222,8 @@ class BrokerWatch:
             last_quiet = self._last_quiet.get(node, float("-inf"))
             if answered > last_quiet or now - last_quiet >= HOLD_SECONDS:
                 del self._unreachable[node]
-                for key in [k for k in self._quiet_since if k[1] == node]:
-                    del self._quiet_since[key]
+                for key in [k for k in self._quiet if k[1] == node]:
+                    del self._quiet[key]
             elif u.partitions != self._partitions.get(node, u.partitions):
                 self._unreachable[node] = Unreachable(u.node, u.address, u.since,
                                                       self._partitions[node])
