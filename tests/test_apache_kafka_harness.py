@@ -8,6 +8,7 @@ from confluent_kafka import Producer
 
 from tests.apache_kafka import (
     KafkaCluster,
+    build_class_archive,
     java_string_hash,
     kafka_version,
     new_cluster_id,
@@ -70,3 +71,19 @@ def test_a_proxied_cluster_routes_client_traffic_through_its_proxies(tmp_path: P
         assert [m.value for m in read_topic(cluster.proxied_bootstrap, "through-the-proxy")] == [
             b"proxied"
         ]
+
+
+def test_a_node_starts_from_the_class_archive(tmp_path: Path) -> None:
+    # dev/test builds it before the suite (then this is a no-op); a node maps it into memory
+    # when its JVM accepted it, and ignores it silently when not.
+    archive = build_class_archive()
+    with KafkaCluster(tmp_path, nodes=1) as cluster:
+        pid = cluster.node(1).pid
+        assert pid is not None
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        assert str(archive) in maps, f"node 1's JVM did not map {archive}"
+        cluster.create_topic("from-the-archive")
+        producer = Producer({"bootstrap.servers": cluster.bootstrap})
+        producer.produce("from-the-archive", b"loaded")
+        assert producer.flush(30) == 0
+        assert [m.value for m in read_topic(cluster.bootstrap, "from-the-archive")] == [b"loaded"]
