@@ -80,6 +80,24 @@ class Unreachable:
                 "partitions": [f"{t}-{p}" for t, p in self.partitions]}
 
 
+def queued_messages(stats: str) -> int | None:
+    """The messages a client holds by one librdkafka statistics document (``msg_cnt``: queued,
+    in flight, or their delivery reports not yet served), None when it says nothing. The
+    first ``msg_cnt`` is the client's own: the top level comes before the brokers' and
+    topics' entries."""
+    start = stats.find('"msg_cnt":')
+    if start < 0:
+        return None
+    at = start + len('"msg_cnt":')
+    end = at
+    while end < len(stats) and stats[end] in " \t\r\n0123456789":
+        end += 1
+    try:
+        return int(stats[at:end])
+    except ValueError:
+        return None
+
+
 def brokers(stats: str) -> list[BrokerSample]:
     """The brokers of one librdkafka statistics document (learned brokers only: the
     bootstrap entries have no node id)."""

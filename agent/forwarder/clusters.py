@@ -17,7 +17,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from agent.config import ForwarderConfig, KafkaClusterConfig
-from agent.forwarder.brokers import STATS_INTERVAL_MS, BrokerWatch
+from agent.forwarder.brokers import STATS_INTERVAL_MS, BrokerWatch, queued_messages
 from agent.forwarder.connections import connection_config
 from agent.forwarder.health import ClusterHealth
 from agent.forwarder.partitioner import TopicLayout
@@ -95,6 +95,11 @@ METADATA_INTERVAL = 10.0  # seconds between full metadata refreshes while sendin
 # Kept under idle_connection_seconds (idle_metadata_interval), so the refresh keeps the acks=all
 # producer's one connection in use instead of letting it close and open again every period.
 IDLE_METADATA_INTERVAL = 20.0
+
+
+def _source(acks: str, batch: int) -> str:
+    """How a producer's statistics are named (``Cluster.watch_brokers``)."""
+    return f"{acks}-{batch}"
 
 
 def idle_metadata_interval(idle_connection_seconds: float) -> float:
@@ -235,6 +240,8 @@ class Cluster:
         # Told every topic's limits whenever they were learnt or forgotten (the forwarder
         # publishes the local cluster's to the intake: agent/signals/limits.py).
         self.on_limits: Callable[[dict[str, TopicLimits]], None] | None = None
+        # source -> the messages its client held by its last statistics (sending()).
+        self._queued: dict[str, int] = {}
         self._thread = threading.Thread(target=self._metadata_loop, name=f"metadata-{name}",
                                         daemon=True)
 
@@ -248,7 +255,7 @@ class Cluster:
                                 batch)
             conf["error_cb"] = self._error
             conf["logger"] = _RDKAFKA_LOG
-            self.watch_brokers(conf, f"{acks}-{batch}")
+            self.watch_brokers(conf, _source(acks, batch))
             p = self._producers[(acks, batch)] = Producer(conf)
             self._ensure_metadata_thread()
         return p
@@ -260,6 +267,9 @@ class Cluster:
 
     def _stats(self, source: str, stats: str) -> None:
         # Served inside poll() of that client: note, and let the loop act (poll()).
+        queued = queued_messages(stats)
+        if queued is not None:
+            self._queued[source] = queued
         if self.brokers_watch.sample(source, stats):
             self._reach_changed()
 
@@ -355,6 +365,7 @@ class Cluster:
             while len(old) > 0 and time.monotonic() < deadline:
                 old.poll(0.05)
             old.close()
+            self._queued.pop(_source(*key), None)  # the fresh one counts by len() at first
 
     def purge_queued(self, acks: str) -> None:
         """Fail the messages a producer holds that were not sent yet (safe: none of them
@@ -434,8 +445,17 @@ class Cluster:
             return next((t for t in sorted(self._used) if t in self._layouts), None)
 
     def sending(self) -> bool:
-        """Whether any producer of this cluster holds a message (queued or in flight)."""
-        return any(len(p) > 0 for p in self.producers())
+        """Whether any producer of this cluster holds a message (queued, in flight, or its
+        delivery report not yet served), by its statistics of the last second: a producer's
+        ``len()`` counts every callback waiting for poll(), the statistics' own too, which
+        would make an idle cluster look busy for a moment every second (and the metadata
+        thread, which asks, refresh at the busy period). A producer with no statistics yet
+        counts by its ``len()``."""
+        for (acks, batch), p in list(self._producers.items()):
+            queued = self._queued.get(_source(acks, batch))
+            if (len(p) if queued is None else queued) > 0:
+                return True
+        return False
 
     def layout_count(self) -> int:
         """How many topics' layouts are held: the cluster's topics, and no deleted ones past

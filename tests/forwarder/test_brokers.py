@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agent.forwarder.brokers import HOLD_SECONDS, BrokerWatch, brokers
+from agent.forwarder.brokers import HOLD_SECONDS, BrokerWatch, brokers, queued_messages
 
 
 def _broker(node: int, state: str = "UP", rxidle_ms: int = 5, waitresp: int = 0,
@@ -206,3 +206,14 @@ def test_a_connection_caught_once_being_set_up_then_left_alone_is_no_verdict() -
     clock.now += 1.0
     assert w.sample("p", _stats(_broker(1, state="CONNECT", rxidle_ms=-1)))
     assert list(w.unreachable()) == [1]
+
+
+def test_the_messages_a_client_holds_are_its_own_msg_cnt_not_a_partitions() -> None:
+    doc = json.loads(_stats(_broker(1)))
+    # librdkafka writes the client's own fields first, then the brokers' and topics'.
+    stats = json.dumps({"name": doc["name"], "msg_cnt": 3, "msg_size": 30, **doc})
+    stats = stats.replace('"partition": 0}', '"partition": 0, "msg_cnt": 99}')
+    assert queued_messages(stats) == 3
+    assert queued_messages(stats.replace('"msg_cnt": 3', '"msg_cnt": 0')) == 0
+    assert queued_messages(_stats(_broker(1))) is None  # says nothing
+    assert queued_messages('{"msg_cnt": "x"}') is None

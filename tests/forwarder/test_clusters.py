@@ -17,6 +17,7 @@ from agent.forwarder.discard_log import DiscardLog
 from agent.forwarder.forwarder import Forwarder
 from agent.metrics import Registry
 from tests.forwarder.fakes import FakeCluster
+from tests.waiting import wait_until
 
 LONG = 30.0  # a wait the tests expect to end early; ending after it fails them
 
@@ -97,6 +98,30 @@ def test_a_cluster_lists_every_producer() -> None:
     cluster._producers = dict(zip([("all", 0), ("leader", 0), ("all", 1)], made,
                                   strict=True))  # type: ignore[arg-type]
     assert cluster.producers() == made
+
+
+def test_an_idle_producer_with_a_callback_waiting_is_not_sending() -> None:
+    # librdkafka's len() counts callbacks waiting for poll(): every second the statistics'
+    # own. The metadata thread asks sending() whenever it likes, between the loop's polls.
+    cluster = Cluster("local", KafkaClusterConfig(bootstrap_servers="127.0.0.1:1"),
+                      ForwarderConfig())
+    try:
+        p = cluster.producer("all")
+        wait_until(lambda: len(p) > 0, timeout=10, interval=0.05,
+                   message="a statistics callback waiting for poll()")
+        assert cluster.sending() is True  # no statistics served yet: len() is all there is
+        # Serve callbacks until the statistics' own was among them: 0 messages held.
+        wait_until(lambda: (p.poll(0.05), cluster._queued.get("all-0") == 0)[1], timeout=10,
+                   message="the producer's statistics served")
+        wait_until(lambda: len(p) > 0, timeout=10, interval=0.05,
+                   message="the next statistics callback waiting for poll()")
+        assert cluster.sending() is False
+        p.produce("t", b"held: no broker answers")
+        assert cluster.sending() is False  # by the statistics of the last second ...
+        wait_until(lambda: (p.poll(0), cluster.sending())[1], timeout=10, interval=0.05,
+                   message="... which count the message once they come")
+    finally:
+        cluster.close(0)
 
 
 @pytest.fixture
