@@ -57,8 +57,21 @@ def run(argv: Sequence[str | Path], *, timeout: float = 300, check: bool = True,
 
 def install_test_deps() -> None:
     """mmdebstrap, rpm, systemd-nspawn, python3-venv, lintian, rpmlint and promtool:
-    installed when missing (packaging/install-test-deps.sh says how)."""
-    run([PACKAGING / "install-test-deps.sh"], timeout=600)
+    installed when missing (packaging/install-test-deps.sh says how). One installer at a
+    time (``prepare`` may be running): apt refuses a second one."""
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(CACHE_DIR / ".deps-lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        run([PACKAGING / "install-test-deps.sh"], timeout=600)
+
+
+def prepare() -> Path:
+    """What the packaging tests need before their first test: the Debian packages they use
+    and the root file system (a minute or more on a fresh machine, mostly downloads).
+    ``dev/test`` runs it in the background as the suite begins; the fixtures then find both
+    ready, or wait for them (both are locked)."""
+    install_test_deps()
+    return rootfs()
 
 
 # --------------------------------------------------------------------------------------------
@@ -463,3 +476,7 @@ def http_status(url: str, timeout: float = 5) -> int:
             return int(response.status)
     except urllib.error.HTTPError as exc:
         return exc.code
+
+
+if __name__ == "__main__":
+    print(f"packaging: test prerequisites and root file system ready: {prepare()}")
