@@ -56,7 +56,7 @@ QUIET_WAIT = 0.05
 START_JITTER_POLL = 0.1
 
 
-class Forwarder(Reading, Sending, Reports, Retries):
+class Forwarder(Reading, Sending, Reports):
     def __init__(
         self,
         config: FerryConfig,
@@ -93,19 +93,14 @@ class Forwarder(Reading, Sending, Reports, Retries):
         clusters[LOCAL].on_limits = self._publish_limits
         self.max_in_flight = fwd.max_in_flight_messages
         self.per_topic_cap = max(1000, self.max_in_flight // 4)
-        self.backoff_initial = fwd.retry_backoff_ms / 1000.0
-        self.backoff_max = fwd.retry_backoff_max_ms / 1000.0
         self.shared = Shared()
         # The same dict, under the name the rooms made of LoopState use (shared.py).
         self._topics = self.shared.topics
-        self._in_flight = 0
         # One list for the forwarder's life: every local Flight in flight holds it as its sink.
         self._reports = []
-        self._retry_topics = self.shared.retry_topics  # the same set (shared.py)
         self._generations = {}
         self._next_topic_scan = 0.0
         self._present = set()  # topics with buffered messages, as last scanned
-        self._replaced = {}
         # Discards, and the batched durable delete of what left (leaving.py).
         self.leaving = Leaving(self.shared, store, registry, self.discard_log,
                                self._ack_signal)
@@ -113,6 +108,12 @@ class Forwarder(Reading, Sending, Reports, Retries):
         self.routing = Routing(self.clusters)
         # Topics that cannot deliver, shown until they do (stuck_topics.py).
         self.stuck_topics = StuckTopics(self.shared, self.clusters)
+        # What a failed send becomes; the retries due (retries.py). It sends through the
+        # loop's two send acts (send.py), named here.
+        self.retries = Retries(self.shared, self.clusters, registry, self.leaving,
+                               self.stuck_topics, backoff_initial=fwd.retry_backoff_ms / 1000.0,
+                               backoff_max=fwd.retry_backoff_max_ms / 1000.0,
+                               send=self._send, produce=self._produce)
         # Topics with delivery = "exactly_once" are sent by their own thread (transactions.py)
         # and skipped by this loop.
         self.exactly_once = ExactlyOnce(config, store, registry=registry,
@@ -168,11 +169,11 @@ class Forwarder(Reading, Sending, Reports, Retries):
         worked = self._read_and_send(now)
         self._poll()
         worked |= self._handle_reports()
-        worked |= self._due_retries(now)
+        worked |= self.retries.due(now, self._generations)
         worked |= self._due_speculative(now)
         self.cluster_watch.check_health(now)
         if self.leaving.due(now):
-            self._in_flight -= self.leaving.flush()
+            self.shared.in_flight -= self.leaving.flush()
             worked = True
         self.cluster_watch.publish_gauges(now)
         return worked
@@ -201,16 +202,16 @@ class Forwarder(Reading, Sending, Reports, Retries):
         """Give in-flight messages a moment to be acknowledged, then record what was."""
         deadline = time.monotonic() + timeout
         self.exactly_once.stop(timeout)
-        while self._in_flight > 0 and time.monotonic() < deadline:
+        while self.shared.in_flight > 0 and time.monotonic() < deadline:
             self._poll()
             self._handle_reports()
             if self.leaving.waiting():
-                self._in_flight -= self.leaving.flush()
+                self.shared.in_flight -= self.leaving.flush()
             if not self._has_reports():
                 self._wait(0.01)
         self._handle_reports()
         if self.leaving.waiting():
-            self._in_flight -= self.leaving.flush()
+            self.shared.in_flight -= self.leaving.flush()
         for c in self.clusters.values():
             c.close(0.5)
         if self._commits is not None:
@@ -226,7 +227,7 @@ class Forwarder(Reading, Sending, Reports, Retries):
         return len(self._topics)
 
     def stats(self) -> dict[str, Any]:
-        return {"in_flight": self._in_flight,
+        return {"in_flight": self.shared.in_flight,
                 "retries": sum(len(s.retry) for s in self._topics.values()),
                 "topics": {t: s.in_flight for t, s in self._topics.items()}}
 

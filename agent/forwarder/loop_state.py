@@ -11,7 +11,7 @@ methods. The others are still mixins of one class, the ``Forwarder``, each made 
 | ``Reading`` | reading.py | mixin | reads each topic's buffer in order, checks what must not go |
 | ``Sending`` | send.py | mixin | builds and produces messages (the plain-message fast path) |
 | ``Reports`` | reports.py | mixin | delivery reports: acknowledged messages, failed sends |
-| ``Retries`` | retries.py | mixin | a failed send: a retry, the other cluster, a discard |
+| ``Retries`` | retries.py | ``.retries`` | a failed send: a retry, the other cluster, a discard |
 | ``Routing`` | routing.py | ``.routing`` | the cluster: local, or remote for fallback topics |
 | ``StuckTopics`` | stuck_topics.py | ``.stuck_topics`` | topics that cannot deliver, and why |
 | ``Leaving`` | leaving.py | ``.leaving`` | discards; the batched durable delete of what left |
@@ -22,10 +22,13 @@ writes the state declared here directly (no locks, no copies), and calls another
 step through the abstract methods below, which list every way the mixins depend on each
 other. A room object is handed what it shares with the rest of the loop when it is made:
 ``Shared`` (shared.py) names that state, in one place (each topic's state, the topics with
-retries waiting, the one log limiter); the mixins reach the same objects under the names
-declared here, bound once. No room reaches into a room object's fields, nor it into theirs:
-what it needs of the loop's own (which topics have buffered messages, the in-flight total)
-goes through its methods' arguments and results.
+retries waiting, the messages in flight, the one log limiter); the mixins reach the same
+objects through ``shared`` (each topic's state also as ``_topics``, bound once). A room
+object that must act through the loop is handed those acts when it is made, by name
+(``Retries``: the loop's two sends), so its constructor says all it calls of the loop. No
+room reaches into a room object's fields, nor it into theirs: what it needs of the loop's
+own (which topics have buffered messages, each topic's generation) goes through its
+methods' arguments and results.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, TypeGuard
 
-from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import KafkaError, Message
 
 from agent.buffer.store import Corrupt, Store, StoredMessage
 from agent.config import FerryConfig, TopicConfig
@@ -44,6 +47,7 @@ from agent.forwarder.discard_log import DiscardLog
 from agent.forwarder.flight import Flight, Report
 from agent.forwarder.leaving import Leaving
 from agent.forwarder.partitioner import TopicLayout
+from agent.forwarder.retries import Retries
 from agent.forwarder.routing import Routing
 from agent.forwarder.shared import Shared
 from agent.forwarder.shared import log as log
@@ -65,33 +69,25 @@ class LoopState(ABC):
     exactly_once: ExactlyOnce
     max_in_flight: int
     per_topic_cap: int
-    backoff_initial: float
-    backoff_max: float
     # What the rooms made objects share with the loop, and those rooms.
     shared: Shared
     leaving: Leaving
     routing: Routing
     stuck_topics: StuckTopics
+    retries: Retries
     cluster_watch: ClusterWatch
     _ack_signal: AckSender
     _commits: CommitListener | None
     _topics: dict[str, TopicState]  # shared.topics
-    _in_flight: int
     # One list for the forwarder's life: every local Flight in flight holds it as its sink.
     _reports: list[Report]
-    _retry_topics: set[str]  # shared.retry_topics
     _generations: dict[str, int]
     _next_topic_scan: float
     _present: set[str]  # topics with buffered messages, as last scanned
-    _replaced: dict[tuple[str, str], float]
 
     @abstractmethod
     def _sendable(self, m: StoredMessage | Corrupt, settings: TopicConfig, gen: int,
                   check_ttl: bool, now_ms: int) -> TypeGuard[StoredMessage]:
-        ...
-
-    @abstractmethod
-    def _expire_head(self, topic: str, st: TopicState, now: float) -> bool:
         ...
 
     @abstractmethod
@@ -109,42 +105,6 @@ class LoopState(ABC):
         ...
 
     @abstractmethod
-    def _produce(self, f: Flight, cluster_name: str) -> bool | None:
-        ...
-
-    @abstractmethod
-    def _refused_at_once(self, f: Flight, cluster: str, exc: KafkaException) -> None:
-        ...
-
-    @abstractmethod
     def _on_delivery(self, f: Flight, cluster: str, err: KafkaError | None, msg: Message) -> None:
         # Runs inside poll() on this thread: just record; _handle_reports does the work.
-        ...
-
-    @abstractmethod
-    def _report_failed(self, f: Flight, cluster: str, err: KafkaError,
-                       purge: set[tuple[str, str]]) -> None:
-        ...
-
-    @abstractmethod
-    def _replace_producer(self, cluster: str, acks: str, err: KafkaError) -> None:
-        ...
-
-    @abstractmethod
-    def _failed(
-        self, f: Flight, cluster: str, error: str, *, permanent: bool, code: str = "error",
-        attempt: bool = True, operator: bool = False,
-    ) -> None:
-        ...
-
-    @abstractmethod
-    def _schedule_retry(self, f: Flight, delay: float) -> None:
-        ...
-
-    @abstractmethod
-    def _handle_reports(self) -> bool:
-        ...
-
-    @abstractmethod
-    def _has_reports(self) -> bool:
         ...

@@ -43,7 +43,8 @@ class Reading(LoopState):
         for topic, st in self._topics.items():
             if self.exactly_once.owns(topic):
                 continue  # sent in transactions by self.exactly_once
-            room = min(self.per_topic_cap - st.in_flight, self.max_in_flight - self._in_flight)
+            room = min(self.per_topic_cap - st.in_flight,
+                       self.max_in_flight - self.shared.in_flight)
             if st.recovering:
                 if st.retry or st.sending:
                     continue
@@ -87,7 +88,7 @@ class Reading(LoopState):
                 if not self._sendable(m, settings, gen, check_ttl, now_ms):
                     continue
                 st.in_flight += 1
-                self._in_flight += 1
+                self.shared.in_flight += 1
                 self._send(Flight(m, settings), now)
                 if st.recovering:
                     break  # it is queued for a retry: the rest of the batch waits behind it

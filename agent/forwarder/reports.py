@@ -97,7 +97,7 @@ class Reports(LoopState):
                     continue
                 f = self._flight(topic, mid, v, settings)
                 f.sent_local_at = sent
-                self._report_failed(f, LOCAL, err, purge)
+                self.retries.report_failed(f, LOCAL, err, purge)
         if delivered:
             leaving.count_delivered(delivered)
             if st.stuck is not None:
@@ -151,7 +151,7 @@ class Reports(LoopState):
                 continue
             if f.done:
                 continue
-            self._report_failed(f, cluster, err, purge)
+            self.retries.report_failed(f, cluster, err, purge)
         leaving.count_delivered(delivered)
         for cluster in acked:
             self.clusters[cluster].health.acknowledged()

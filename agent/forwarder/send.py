@@ -102,13 +102,13 @@ class Sending(LoopState):
                 # key must not go out first.
                 f = self._flight(topic, mid, v, settings)
                 st.in_flight += 1
-                self._in_flight += 1
-                self._schedule_retry(f, 0.05)
+                self.shared.in_flight += 1
+                self.retries.schedule(f, 0.05)
                 break
             except KafkaException as exc:
                 f = self._flight(topic, mid, v, settings)
                 st.in_flight += 1
-                self._in_flight += 1
+                self.shared.in_flight += 1
                 self._refused_at_once(f, LOCAL, exc)
                 if st.recovering:
                     break  # refused for now and queued for a retry: as above
@@ -120,7 +120,7 @@ class Sending(LoopState):
         if inline:
             layout.position = rr
         st.in_flight += sent
-        self._in_flight += sent
+        self.shared.in_flight += sent
         st.sending += sent
 
     def _flight(self, topic: str, mid: bytes, value: bytes, settings: TopicConfig) -> Flight:
@@ -157,12 +157,12 @@ class Sending(LoopState):
         else:
             partition = layout.round_robin()
         st.in_flight += 1
-        self._in_flight += 1
+        self.shared.in_flight += 1
         try:
             producing.produce(producer, r.topic, r.value, r.key, partition=partition,
                               on_delivery=f, timestamp=timestamp, headers=headers)
         except BufferError:
-            self._schedule_retry(f, 0.05)  # the producer's queue is full: see _send_values
+            self.retries.schedule(f, 0.05)  # the producer's queue is full: see _send_values
             return True
         except KafkaException as exc:
             self._refused_at_once(f, LOCAL, exc)
@@ -178,7 +178,7 @@ class Sending(LoopState):
         cluster = self.routing.cluster_for(f)
         sent = self._produce(f, cluster)
         if sent is None:
-            self._schedule_retry(f, 0.05)  # cannot be sent right now: see _produce
+            self.retries.schedule(f, 0.05)  # cannot be sent right now: see _produce
         elif sent and cluster == LOCAL:
             self.routing.speculate(f, now)
 
@@ -254,12 +254,12 @@ class Sending(LoopState):
         if err is not None and (err.fatal() or code == KafkaError._FATAL):
             # A producer in librdkafka's fatal state refuses every produce() this way, and no
             # delivery report will come to say so: start a fresh one.
-            self._replace_producer(cluster, f.settings.acks, err)
+            self.retries.replace_producer(cluster, f.settings.acks, err)
         # produce() checks the message alone, before any batch: its verdict is final.
         refused = code is not None and failures.refused_alone(code)
         if refused and err is not None:
             self.registry.inc("messages_refused", topic=f.msg.topic, cluster=cluster,
                               error=err.name())
-        self._failed(f, cluster, str(exc), permanent=refused,
-                     code=err.name() if err is not None else "error",
-                     operator=code is not None and failures.needs_operator(code))
+        self.retries.failed(f, cluster, str(exc), permanent=refused,
+                            code=err.name() if err is not None else "error",
+                            operator=code is not None and failures.needs_operator(code))
