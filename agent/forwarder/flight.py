@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, Message
 
-from agent.buffer.store import StoredMessage
+from agent.buffer.store import StoredMessage, message
 from agent.config import TopicConfig
 
 LOCAL = "local"
@@ -46,6 +46,18 @@ class Flight:
 
 
 Report = tuple[Flight, str, KafkaError | None, Message]
+
+
+def flight_of(topic: str, mid: bytes, value: bytes, settings: TopicConfig,
+              sink: list[Report]) -> Flight:
+    """The Flight of a common-path message that needs one (its send failed, or could not be
+    made): decoded again from its stored value, which decoded when it was sent. Its local
+    sends report to ``sink``."""
+    m = message(topic, mid, value)
+    assert isinstance(m, StoredMessage)
+    f = Flight(m, settings)
+    f.sink = sink
+    return f
 # A report of the common path (_send_values): message id, its stored value, when it was sent,
 # then the producer's (err, msg). No Flight exists for such a send until it fails.
 ValueReport = tuple[bytes, bytes, float, KafkaError | None, Message]

@@ -56,7 +56,7 @@ QUIET_WAIT = 0.05
 START_JITTER_POLL = 0.1
 
 
-class Forwarder(Reading, Sending, Reports):
+class Forwarder(Reading, Sending):
     def __init__(
         self,
         config: FerryConfig,
@@ -96,8 +96,6 @@ class Forwarder(Reading, Sending, Reports):
         self.shared = Shared()
         # The same dict, under the name the rooms made of LoopState use (shared.py).
         self._topics = self.shared.topics
-        # One list for the forwarder's life: every local Flight in flight holds it as its sink.
-        self._reports = []
         self._generations = {}
         self._next_topic_scan = 0.0
         self._present = set()  # topics with buffered messages, as last scanned
@@ -114,6 +112,10 @@ class Forwarder(Reading, Sending, Reports):
                                self.stuck_topics, backoff_initial=fwd.retry_backoff_ms / 1000.0,
                                backoff_max=fwd.retry_backoff_max_ms / 1000.0,
                                send=self._send, produce=self._produce)
+        # The producers' delivery reports (reports.py).
+        self.reports = Reports(self.shared, self.clusters, registry, self.leaving,
+                               self.stuck_topics, self.retries, self.topic_settings,
+                               self._ack_signal)
         # Topics with delivery = "exactly_once" are sent by their own thread (transactions.py)
         # and skipped by this loop.
         self.exactly_once = ExactlyOnce(config, store, registry=registry,
@@ -168,7 +170,7 @@ class Forwarder(Reading, Sending, Reports):
         now = time.monotonic()
         worked = self._read_and_send(now)
         self._poll()
-        worked |= self._handle_reports()
+        worked |= self.reports.handle()
         worked |= self.retries.due(now, self._generations)
         worked |= self._due_speculative(now)
         self.cluster_watch.check_health(now)
@@ -204,12 +206,12 @@ class Forwarder(Reading, Sending, Reports):
         self.exactly_once.stop(timeout)
         while self.shared.in_flight > 0 and time.monotonic() < deadline:
             self._poll()
-            self._handle_reports()
+            self.reports.handle()
             if self.leaving.waiting():
                 self.shared.in_flight -= self.leaving.flush()
-            if not self._has_reports():
+            if not self.reports.pending():
                 self._wait(0.01)
-        self._handle_reports()
+        self.reports.handle()
         if self.leaving.waiting():
             self.shared.in_flight -= self.leaving.flush()
         for c in self.clusters.values():

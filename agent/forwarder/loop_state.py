@@ -1,16 +1,17 @@
 """What the rooms of the forwarder's loop share, and how they reach each other.
 
-The loop (forwarder.py) is made of rooms, one file each. A room that calls no other room,
-and keeps no state of its own that another room touches, is an object of its own: the
-``Forwarder`` makes it and holds it as an attribute, and the other rooms call its public
-methods. The others are still mixins of one class, the ``Forwarder``, each made of
-``LoopState``:
+The loop (forwarder.py) is made of rooms, one file each. A room that keeps no state of its
+own that another room touches is an object of its own: the ``Forwarder`` makes it, hands it
+what it uses (shared state, the room objects it calls, acts of the loop) and holds it as an
+attribute, and the other rooms call its public methods. The two that remain, reading and
+sending, are mixins of one class, the ``Forwarder``, each made of ``LoopState``: the fast
+path reads and sends a batch in one pass over the same locals.
 
 | room | file | is | what it does |
 | --- | --- | --- | --- |
 | ``Reading`` | reading.py | mixin | reads each topic's buffer in order, checks what must not go |
 | ``Sending`` | send.py | mixin | builds and produces messages (the plain-message fast path) |
-| ``Reports`` | reports.py | mixin | delivery reports: acknowledged messages, failed sends |
+| ``Reports`` | reports.py | ``.reports`` | delivery reports: acknowledged messages, failed sends |
 | ``Retries`` | retries.py | ``.retries`` | a failed send: a retry, the other cluster, a discard |
 | ``Routing`` | routing.py | ``.routing`` | the cluster: local, or remote for fallback topics |
 | ``StuckTopics`` | stuck_topics.py | ``.stuck_topics`` | topics that cannot deliver, and why |
@@ -18,9 +19,9 @@ methods. The others are still mixins of one class, the ``Forwarder``, each made 
 | ``ClusterWatch`` | cluster_watch.py | ``.cluster_watch`` | cluster states from the sends; gauges |
 
 The mixins share one in-flight table on one thread, every 2 ms step: a mixin reads and
-writes the state declared here directly (no locks, no copies), and calls another mixin's
-step through the abstract methods below, which list every way the mixins depend on each
-other. A room object is handed what it shares with the rest of the loop when it is made:
+writes the state declared here directly (no locks, no copies), and calls the other's step
+through the abstract methods below, which list every way the two depend on each other.
+A room object is handed what it shares with the rest of the loop when it is made:
 ``Shared`` (shared.py) names that state, in one place (each topic's state, the topics with
 retries waiting, the messages in flight, the one log limiter); the mixins reach the same
 objects through ``shared`` (each topic's state also as ``_topics``, bound once). A room
@@ -37,16 +38,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, TypeGuard
 
-from confluent_kafka import KafkaError, Message
-
 from agent.buffer.store import Corrupt, Store, StoredMessage
 from agent.config import FerryConfig, TopicConfig
 from agent.forwarder.cluster_watch import ClusterWatch
 from agent.forwarder.clusters import Cluster
 from agent.forwarder.discard_log import DiscardLog
-from agent.forwarder.flight import Flight, Report
+from agent.forwarder.flight import Flight
 from agent.forwarder.leaving import Leaving
 from agent.forwarder.partitioner import TopicLayout
+from agent.forwarder.reports import Reports
 from agent.forwarder.retries import Retries
 from agent.forwarder.routing import Routing
 from agent.forwarder.shared import Shared
@@ -55,7 +55,6 @@ from agent.forwarder.stuck_topics import StuckTopics
 from agent.forwarder.topic_state import TopicState
 from agent.forwarder.transactions import ExactlyOnce
 from agent.metrics import Registry
-from agent.signals.ack import AckSender
 from agent.signals.commit import CommitListener
 
 
@@ -75,12 +74,10 @@ class LoopState(ABC):
     routing: Routing
     stuck_topics: StuckTopics
     retries: Retries
+    reports: Reports
     cluster_watch: ClusterWatch
-    _ack_signal: AckSender
     _commits: CommitListener | None
     _topics: dict[str, TopicState]  # shared.topics
-    # One list for the forwarder's life: every local Flight in flight holds it as its sink.
-    _reports: list[Report]
     _generations: dict[str, int]
     _next_topic_scan: float
     _present: set[str]  # topics with buffered messages, as last scanned
@@ -98,13 +95,4 @@ class LoopState(ABC):
     def _send_values(self, topic: str, values: list[tuple[bytes, bytes]], st: TopicState,
                      settings: TopicConfig, gen: int, check_ttl: bool, now_ms: int,
                      producer: Any, layout: TopicLayout, now: float) -> None:
-        ...
-
-    @abstractmethod
-    def _flight(self, topic: str, mid: bytes, value: bytes, settings: TopicConfig) -> Flight:
-        ...
-
-    @abstractmethod
-    def _on_delivery(self, f: Flight, cluster: str, err: KafkaError | None, msg: Message) -> None:
-        # Runs inside poll() on this thread: just record; _handle_reports does the work.
         ...

@@ -21,7 +21,7 @@ from agent.buffer import codec
 from agent.buffer.store import Corrupt, StoredMessage, message
 from agent.config import TopicConfig
 from agent.forwarder import failures, holding, producing, timestamps
-from agent.forwarder.flight import LOCAL, REMOTE, Flight, value_report
+from agent.forwarder.flight import LOCAL, REMOTE, Flight, flight_of, value_report
 from agent.forwarder.loop_state import LoopState
 from agent.forwarder.partitioner import UNASSIGNED, TopicLayout, choose
 from agent.forwarder.plain import NOT_PLAIN, plain_values
@@ -100,13 +100,13 @@ class Sending(LoopState):
                 # The producer's queue is full. This one waits for a retry, and so does the
                 # rest of the batch (read again from here later): a later message of the same
                 # key must not go out first.
-                f = self._flight(topic, mid, v, settings)
+                f = flight_of(topic, mid, v, settings, self.reports.sink)
                 st.in_flight += 1
                 self.shared.in_flight += 1
                 self.retries.schedule(f, 0.05)
                 break
             except KafkaException as exc:
-                f = self._flight(topic, mid, v, settings)
+                f = flight_of(topic, mid, v, settings, self.reports.sink)
                 st.in_flight += 1
                 self.shared.in_flight += 1
                 self._refused_at_once(f, LOCAL, exc)
@@ -123,15 +123,6 @@ class Sending(LoopState):
         self.shared.in_flight += sent
         st.sending += sent
 
-    def _flight(self, topic: str, mid: bytes, value: bytes, settings: TopicConfig) -> Flight:
-        """The Flight of a common-path message that needs one (its send failed): decoded
-        again from its stored value, which decoded when it was sent."""
-        m = message(topic, mid, value)
-        assert isinstance(m, StoredMessage)
-        f = Flight(m, settings)
-        f.sink = self._reports
-        return f
-
     def _send_one(self, m: StoredMessage | Corrupt, st: TopicState, settings: TopicConfig,
                   gen: int, check_ttl: bool, now_ms: int, producer: Any,
                   layout: TopicLayout, now: float, oldest: int) -> bool:
@@ -146,7 +137,7 @@ class Sending(LoopState):
             holding.hold(st, waits, m.id)  # left in the buffer, behind the cursor
             return False
         f = Flight(m, settings)
-        f.sink = self._reports
+        f.sink = self.reports.sink
         self._restamp_if_stale(f, now_ms, oldest)
         timestamp, headers = stamped(f)
         pk = r.partition_key
@@ -218,7 +209,7 @@ class Sending(LoopState):
                 r.value,
                 r.key,
                 partition=partition if partition != UNASSIGNED else -1,
-                on_delivery=partial(self._on_delivery, f, cluster_name),
+                on_delivery=partial(self.reports.on_delivery, f, cluster_name),
                 timestamp=timestamp,
                 headers=headers,
             )

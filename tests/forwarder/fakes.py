@@ -11,19 +11,32 @@ over such clusters (the ``setup`` fixture in tests/conftest.py); ``steps_until``
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import KafkaError
 
+from agent.buffer import codec, keys
 from agent.buffer.store import Store
+from agent.buffer.stored import StoredMessage
 from agent.config import BufferConfig, FerryConfig, ForwarderConfig, KafkaClusterConfig, TopicConfig
+from agent.forwarder.clusters import Cluster
 from agent.forwarder.discard_log import DiscardLog
+from agent.forwarder.flight import Flight
 from agent.forwarder.forwarder import Forwarder
 from agent.forwarder.health import ClusterHealth
+from agent.forwarder.leaving import Leaving
 from agent.forwarder.partitioner import TopicLayout
+from agent.forwarder.reports import Reports
+from agent.forwarder.retries import Retries
+from agent.forwarder.shared import Shared
+from agent.forwarder.stuck_topics import StuckTopics
+from agent.forwarder.topic_state import TopicState
 from agent.metrics import Registry
+from agent.records import Record
+from agent.signals.ack import AckSender
 from tests.waiting import wait_until
 
 Callback = Callable[[KafkaError | None, Any], None]
@@ -218,3 +231,72 @@ class Acking(FakeCluster):
             self.p.ack(value)
 
         self.p.produce = and_ack  # type: ignore[method-assign]
+
+
+BACKOFF = 0.5  # Rooms' retry_backoff_ms / 1000: the first retry's delay
+
+
+class RecordingAck(AckSender):
+    """The signal to the HTTP stage, recorded: what was said acknowledged, and discarded."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.delivered: list[bytes] = []
+        self.discarded: list[bytes] = []
+
+    def send(self, delivered: Iterable[bytes], discarded: Iterable[bytes] = ()) -> int:
+        self.delivered += delivered
+        self.discarded += discarded
+        return 0
+
+
+class Rooms:
+    """The forwarder's room objects for a failed send and a report (Retries, Reports), made
+    with what the Forwarder hands them: fake clusters, the real Leaving and StuckTopics, and
+    the loop's two send acts recorded (``sent``, ``produced``)."""
+
+    def __init__(self, tmp_path: Path, *clusters: str, produce: bool | None = True) -> None:
+        self.shared = Shared()
+        self.clusters = {name: FakeCluster() for name in clusters}
+        self.registry = Registry()
+        self.store = Store(tmp_path / "buffer", 16 * 1024 * 1024)
+        self.ack = RecordingAck(tmp_path / "ack.sock")
+        self.leaving = Leaving(self.shared, self.store, self.registry,
+                               DiscardLog(tmp_path / "discards.jsonl"), self.ack)
+        as_clusters = cast(dict[str, Cluster], self.clusters)
+        self.stuck = StuckTopics(self.shared, as_clusters)
+        self.sent: list[Flight] = []
+        self.produced: list[tuple[Flight, str]] = []
+        self._produce_result = produce
+        self.retries = Retries(self.shared, as_clusters, self.registry, self.leaving,
+                               self.stuck, backoff_initial=BACKOFF, backoff_max=4 * BACKOFF,
+                               send=self._send, produce=self._produce)
+        self.reports = Reports(self.shared, as_clusters, self.registry, self.leaving,
+                               self.stuck, self.retries, lambda topic: TopicConfig(), self.ack)
+
+    def _send(self, f: Flight, now: float) -> None:
+        self.sent.append(f)
+        f.pending = 1
+
+    def _produce(self, f: Flight, cluster: str) -> bool | None:
+        self.produced.append((f, cluster))
+        return self._produce_result
+
+    def stored(self, seq: int, topic: str = "t") -> tuple[bytes, bytes]:
+        """A message's id and stored value, as the buffer holds them."""
+        mid = keys.make_id(int(time.time() * 1000), seq)
+        record = Record(topic, b"v%d" % seq, None, None, 0, (), False)
+        return mid, codec.encode(record, 0)
+
+    def in_flight(self, settings: TopicConfig, seq: int, topic: str = "t") -> Flight:
+        """A message read and sent once: counted in flight, as the loop counts it."""
+        mid = keys.make_id(int(time.time() * 1000), seq)
+        record = Record(topic, b"v%d" % seq, None, None, 0, (), False)
+        f = Flight(StoredMessage(keys.message_key(topic, mid), mid, record, 0, 20), settings)
+        st = self.shared.topics.setdefault(topic, TopicState())
+        st.in_flight += 1
+        self.shared.in_flight += 1
+        return f
+
+    def close(self) -> None:
+        self.store.close()

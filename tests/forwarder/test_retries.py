@@ -8,78 +8,24 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import cast
 
 import pytest
 
 from agent import reasons
 from agent.buffer import keys
-from agent.buffer.store import Store
-from agent.buffer.stored import StoredMessage
 from agent.config import TopicConfig
-from agent.forwarder.clusters import Cluster
-from agent.forwarder.discard_log import DiscardLog
-from agent.forwarder.flight import LOCAL, REMOTE, Flight
-from agent.forwarder.leaving import Leaving
-from agent.forwarder.retries import Retries
-from agent.forwarder.shared import Shared
-from agent.forwarder.stuck_topics import StuckTopics
-from agent.forwarder.topic_state import TopicState
-from agent.metrics import Registry
-from agent.records import Record
-from agent.signals.ack import AckSender
-from tests.forwarder.fakes import FakeCluster
-
-BACKOFF = 0.5  # retry_backoff_ms / 1000: the first retry's delay
-
-
-class Room:
-    """A Retries with what it is handed; ``sent`` and ``produced`` record its acts."""
-
-    def __init__(self, tmp_path: Path, *clusters: str, produce: bool | None = True) -> None:
-        self.shared = Shared()
-        self.clusters = {name: FakeCluster() for name in clusters}
-        self.registry = Registry()
-        self.store = Store(tmp_path / "buffer", 16 * 1024 * 1024)
-        self.leaving = Leaving(self.shared, self.store, self.registry,
-                               DiscardLog(tmp_path / "discards.jsonl"),
-                               AckSender(tmp_path / "ack.sock"))
-        self.stuck = StuckTopics(self.shared, cast(dict[str, Cluster], self.clusters))
-        self.sent: list[Flight] = []
-        self.produced: list[tuple[Flight, str]] = []
-        self._produce_result = produce
-        self.retries = Retries(self.shared, cast(dict[str, Cluster], self.clusters),
-                               self.registry, self.leaving, self.stuck,
-                               backoff_initial=BACKOFF, backoff_max=4 * BACKOFF,
-                               send=self._send, produce=self._produce)
-
-    def _send(self, f: Flight, now: float) -> None:
-        self.sent.append(f)
-        f.pending = 1
-
-    def _produce(self, f: Flight, cluster: str) -> bool | None:
-        self.produced.append((f, cluster))
-        return self._produce_result
-
-    def in_flight(self, settings: TopicConfig, seq: int, topic: str = "t") -> Flight:
-        """A message read and sent once: counted in flight, as the loop counts it."""
-        mid = keys.make_id(int(time.time() * 1000), seq)
-        record = Record(topic, b"v%d" % seq, None, None, 0, (), False)
-        f = Flight(StoredMessage(keys.message_key(topic, mid), mid, record, 0, 20), settings)
-        st = self.shared.topics.setdefault(topic, TopicState())
-        st.in_flight += 1
-        self.shared.in_flight += 1
-        return f
+from agent.forwarder.flight import LOCAL, REMOTE
+from tests.forwarder.fakes import BACKOFF, Rooms
 
 
 @pytest.fixture
-def room(tmp_path: Path) -> Iterator[Room]:
-    r = Room(tmp_path, LOCAL)
+def room(tmp_path: Path) -> Iterator[Rooms]:
+    r = Rooms(tmp_path, LOCAL)
     yield r
-    r.store.close()
+    r.close()
 
 
-def test_failed_sends_are_sent_again_in_id_order_once_their_back_off_passed(room: Room) -> None:
+def test_failed_sends_are_sent_again_in_id_order_once_their_back_off_passed(room: Rooms) -> None:
     flights = [room.in_flight(TopicConfig(), seq) for seq in (1, 2, 3)]
     for f in (flights[2], flights[0], flights[1]):  # reports come in any order
         room.retries.failed(f, LOCAL, "Local: Broker transport failure", permanent=False,
@@ -94,7 +40,7 @@ def test_failed_sends_are_sent_again_in_id_order_once_their_back_off_passed(room
     assert room.shared.retry_topics == set()
 
 
-def test_a_retry_waits_while_an_earlier_send_of_its_topic_has_not_reported(room: Room) -> None:
+def test_a_retry_waits_while_an_earlier_send_of_its_topic_has_not_reported(room: Rooms) -> None:
     f = room.in_flight(TopicConfig(), 1)
     room.retries.failed(f, LOCAL, "timed out", permanent=False)
     room.shared.topics["t"].sending = 1  # a send of the topic still in librdkafka's hands
@@ -104,7 +50,7 @@ def test_a_retry_waits_while_an_earlier_send_of_its_topic_has_not_reported(room:
     assert room.retries.due(later, {}) is True and room.sent == [f]
 
 
-def test_a_final_verdict_and_the_last_attempt_discard_with_their_reasons(room: Room) -> None:
+def test_a_final_verdict_and_the_last_attempt_discard_with_their_reasons(room: Rooms) -> None:
     refused = room.in_flight(TopicConfig(), 1)
     room.retries.failed(refused, LOCAL, "Broker: Message size too large", permanent=True,
                         code="MSG_SIZE_TOO_LARGE")
@@ -120,7 +66,7 @@ def test_a_final_verdict_and_the_last_attempt_discard_with_their_reasons(room: R
     assert refused.done and last.done and room.sent == [last]
 
 
-def test_a_retry_of_a_topic_deleted_meanwhile_is_discarded_not_sent(room: Room) -> None:
+def test_a_retry_of_a_topic_deleted_meanwhile_is_discarded_not_sent(room: Rooms) -> None:
     f = room.in_flight(TopicConfig(), 1)
     room.retries.failed(f, LOCAL, "timed out", permanent=False)
     assert room.retries.due(time.monotonic() + BACKOFF + 0.1, {"t": 1}) is True
@@ -132,7 +78,7 @@ def test_a_retry_of_a_topic_deleted_meanwhile_is_discarded_not_sent(room: Room) 
 def test_a_fallback_topic_s_failed_local_send_goes_to_the_remote_cluster_at_once(
     tmp_path: Path, remote_takes_it: bool | None
 ) -> None:
-    room = Room(tmp_path, LOCAL, REMOTE, produce=remote_takes_it)
+    room = Rooms(tmp_path, LOCAL, REMOTE, produce=remote_takes_it)
     try:
         f = room.in_flight(TopicConfig(fallback_to_remote=True), 1)
         room.retries.failed(f, LOCAL, "timed out", permanent=False)
@@ -141,4 +87,4 @@ def test_a_fallback_topic_s_failed_local_send_goes_to_the_remote_cluster_at_once
         assert (room.shared.topics["t"].retry == []) is bool(remote_takes_it)
         assert f.attempts == (0 if remote_takes_it else 1)
     finally:
-        room.store.close()
+        room.close()
