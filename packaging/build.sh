@@ -20,6 +20,9 @@
 #   --maintainer "Name <address>"
 #                     the packages' Maintainer/Packager and changelog signature (default:
 #                     $FERRY_MAINTAINER, else the author of the commit being packaged)
+#   --fetch-only      fetch what a build downloads (nfpm, the locked wheels) into the cache
+#                     below, check their hashes, and stop: before a build without network,
+#                     or ahead of one (the packaging tests' preparation does)
 #
 # The dependencies are exactly those of packaging/requirements.lock, and the build backend
 # that makes Ferry's wheel that of packaging/build-requirements.lock (versions and sha256
@@ -41,6 +44,7 @@ out=$repo/dist
 version=""
 formats=deb,rpm
 reuse_stage=0
+fetch_only=0
 maintainer=${FERRY_MAINTAINER:-}
 while [ $# -gt 0 ]; do
   case $1 in
@@ -48,6 +52,7 @@ while [ $# -gt 0 ]; do
     --version) version=$2; shift 2 ;;
     --formats) formats=$2; shift 2 ;;
     --reuse-stage) reuse_stage=1; shift ;;
+    --fetch-only) fetch_only=1; shift ;;
     --maintainer) maintainer=$2; shift 2 ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -165,6 +170,16 @@ case $(uname -m) in
   aarch64) deb_arch=arm64 rpm_arch=aarch64 ;;
   *) die "unsupported machine $(uname -m)" ;;
 esac
+
+if [ "$fetch_only" = 1 ]; then
+  # Into a scratch directory: a build running meanwhile keeps its own $deps.
+  scratch=$(mktemp -d)
+  trap 'rm -rf "$scratch"' EXIT
+  fetch_locked "$lock" "$scratch/wheels"
+  fetch_locked "$backend_lock" "$scratch/backend"
+  log "fetched: nfpm $NFPM_VERSION in $tools, the locked wheels in $wheel_cache"
+  exit 0
+fi
 
 # --- the venv ------------------------------------------------------------------------------
 if [ "$reuse_stage" = 1 ]; then

