@@ -17,6 +17,8 @@ import time
 import tomllib
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BOOTSTRAP = REPO_ROOT / "dev" / "bootstrap"
 
@@ -149,3 +151,58 @@ def test_one_venv_serves_both_in_either_order(tmp_path: Path) -> None:
     later = time.time() + 10
     os.utime(tmp_path / "packaging" / "requirements.lock", (later, later))
     assert bootstrap("test") == [installs.format("try,test,spark")]
+
+
+@pytest.mark.parametrize("java_present", [True, False])
+def test_chromium_installs_beside_pip_and_java_before_kafka_s_jars(
+    tmp_path: Path, java_present: bool
+) -> None:
+    # Stand-ins that log in order: apt-get (slow, as a download is), pip, the jars' fetch.
+    (tmp_path / "dev" / "kafka").mkdir(parents=True)
+    shutil.copy(BOOTSTRAP, tmp_path / "dev" / "bootstrap")
+    shutil.copy(REPO_ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / "packaging").mkdir()
+    shutil.copy(REPO_ROOT / "packaging" / "requirements.lock",
+                tmp_path / "packaging" / "requirements.lock")
+    log = tmp_path / "calls.log"
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    scripts = {
+        tools / "apt-get": f'case "$1" in install) echo "apt $*" >> {log}; sleep 1;'
+                           f' echo "apt done" >> {log};; esac',
+        tools / "sudo": '"$@"',
+        tmp_path / ".venv" / "bin" / "python": f'echo "python $*" >> {log}',
+        tmp_path / "dev" / "kafka" / "fetch": f'echo fetch >> {log}',
+    }
+    if java_present:
+        scripts[tools / "java"] = scripts[tools / "mvn"] = "true"
+    for tool in ("openssl", "curl"):
+        scripts[tools / tool] = "true"
+    for path, body in scripts.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"#!/bin/sh\n{body}\n")
+        path.chmod(0o755)
+    # Only the stand-ins and the basic tools: no real java, mvn or chromium on this PATH.
+    basics = tmp_path / "basics"
+    basics.mkdir()
+    for tool in ("sed", "id", "mkdir", "touch", "cat", "sleep", "dirname"):
+        found = shutil.which(tool)
+        assert found is not None
+        (basics / tool).symlink_to(found)
+    env = {**os.environ, "PATH": f"{tools}:{basics}"}
+    subprocess.run([shutil.which("bash") or "/bin/bash", tmp_path / "dev" / "bootstrap", "test"],
+                   check=True, env=env, timeout=30, capture_output=True)
+    calls = log.read_text().splitlines()
+    installs = [c for c in calls if c.startswith("apt install")]
+    if java_present:
+        # Chromium alone, in the background: pip starts before apt is done, and the script
+        # ends only once apt is.
+        assert installs == [c for c in calls if "chromium" in c] and len(installs) == 1
+        assert "chromium-driver" in installs[0]
+        first_pip = next(i for i, c in enumerate(calls) if c.startswith("python -m pip"))
+        assert first_pip < calls.index("apt done")
+    else:
+        # Java and Maven are needed by the jars' fetch: everything installs first, at once.
+        assert len(installs) == 1 and "openjdk" in installs[0] and "maven" in installs[0]
+        assert calls.index("apt done") < calls.index("fetch")
+    assert "apt done" in calls  # waited for before the script ended
