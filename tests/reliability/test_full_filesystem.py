@@ -30,6 +30,10 @@ from tests.kafka import Broker
 from tests.reliability.harness import Agent, metric_total, read_values
 from tests.waiting import wait_until
 
+# In the suite's waiting part (tests/conftest.py): each case waits on an agent that fills a
+# disk and drains it, like the outage cases.
+pytestmark = pytest.mark.waiting
+
 MB = 1024 * 1024
 VALUE = 200  # bytes per datagram, as in the issue
 ROUND = 2000  # datagrams sent before waiting for the agent to have handled them
