@@ -135,12 +135,17 @@ def test_one_venv_serves_both_in_either_order(tmp_path: Path) -> None:
             assert "confluent-kafka==" in " ".join(pins) and all("==" in p for p in pins)
         return installs
 
-    installs = "-m pip install -q --no-compile -c .venv/ferry-constraints.txt -e .[{}]"
+    installs = ("-m pip install -q --no-compile -c .venv/ferry-constraints.txt --find-links "
+                ".venv/prebuilt-wheels -e .[{}]")
     assert bootstrap("try") == [installs.format("try")]
     assert bootstrap("try") == []                      # already done
     assert not fetched.exists()                        # try needs no Kafka jars
     assert bootstrap("test") == [installs.format("try,test,spark")]  # adds the rest
     assert fetched.read_text().split() == ["fetch"]    # the test task fetches them
+    # ... and builds PySpark's wheel (source only on PyPI) ahead, where its install looks.
+    spark = next(r for r in extras()["spark"] if r.startswith("pyspark"))
+    calls = log.read_text().splitlines()
+    assert (f"-m pip wheel -q --no-deps --wheel-dir .venv/prebuilt-wheels {spark}" in calls)
     assert bootstrap("test") == []
     assert bootstrap("try") == []                      # the test set covers it
     # A changed pyproject.toml, or lock: each task installs its set again.
@@ -185,7 +190,7 @@ def test_chromium_installs_beside_pip_and_java_before_kafka_s_jars(
     # Only the stand-ins and the basic tools: no real java, mvn or chromium on this PATH.
     basics = tmp_path / "basics"
     basics.mkdir()
-    for tool in ("sed", "id", "mkdir", "touch", "cat", "sleep", "dirname"):
+    for tool in ("sed", "id", "mkdir", "touch", "cat", "sleep", "dirname", "grep", "head", "tr"):
         found = shutil.which(tool)
         assert found is not None
         (basics / tool).symlink_to(found)
