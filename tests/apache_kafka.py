@@ -134,9 +134,9 @@ def build_class_archive(version: str | None = None, timeout: float = 180.0) -> P
         return archive
     partial = archive.with_name(f"{archive.name}.{uuid.uuid4().hex}.tmp")
     root = Path(tempfile.mkdtemp(prefix="ferry-kafka-archive-"))
+    cluster = KafkaCluster(root, nodes=1, version=version, start_timeout=timeout,
+                           archive_to=partial)
     try:
-        cluster = KafkaCluster(root, nodes=1, version=version, start_timeout=timeout,
-                               archive_to=partial)
         cluster.start()
         cluster.stop_node(1, timeout=timeout)
         if not partial.is_file():
@@ -144,6 +144,7 @@ def build_class_archive(version: str | None = None, timeout: float = 180.0) -> P
                                   f"{cluster.node(1).log_tail()}")
         partial.replace(archive)  # whole or not at all: a half-written one is never used
     finally:
+        cluster.stop()  # a node that never became ready is not left running
         partial.unlink(missing_ok=True)
         shutil.rmtree(root, ignore_errors=True)
     return archive
@@ -807,7 +808,6 @@ class KafkaCluster:
         index = transaction_state_partition(transactional_id, len(topic.partitions))
         leader: int = topic.partitions[index].leader
         return leader
-
 
 
 if __name__ == "__main__":

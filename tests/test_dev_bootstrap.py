@@ -146,6 +146,7 @@ def test_one_venv_serves_both_in_either_order(tmp_path: Path) -> None:
     spark = next(r for r in extras()["spark"] if r.startswith("pyspark"))
     calls = log.read_text().splitlines()
     assert (f"-m pip wheel -q --no-deps --wheel-dir .venv/prebuilt-wheels {spark}" in calls)
+    assert not (tmp_path / ".venv" / "prebuilt-wheels").exists()  # removed once installed
     assert bootstrap("test") == []
     assert bootstrap("try") == []                      # the test set covers it
     # A changed pyproject.toml, or lock: each task installs its set again.
@@ -190,7 +191,8 @@ def test_chromium_installs_beside_pip_and_java_before_kafka_s_jars(
     # Only the stand-ins and the basic tools: no real java, mvn or chromium on this PATH.
     basics = tmp_path / "basics"
     basics.mkdir()
-    for tool in ("sed", "id", "mkdir", "touch", "cat", "sleep", "dirname", "grep", "head", "tr"):
+    for tool in ("sed", "id", "mkdir", "touch", "cat", "sleep", "dirname", "grep", "head", "tr",
+                 "rm"):
         found = shutil.which(tool)
         assert found is not None
         (basics / tool).symlink_to(found)

@@ -47,6 +47,18 @@ class Flight:
 
 Report = tuple[Flight, str, KafkaError | None, Message]
 
+# A report of the common path (_send_values): message id, its stored value, when it was sent,
+# then the producer's (err, msg). No Flight exists for such a send until it fails.
+ValueReport = tuple[bytes, bytes, float, KafkaError | None, Message]
+
+
+def value_report(sink: list[ValueReport], mid: bytes, value: bytes, sent: float,
+                 err: KafkaError | None, msg: Message) -> None:
+    # The on_delivery of a common-path send, bound per message by a partial (the cheapest
+    # callable that carries the message: no object of Ferry's per send). Runs inside poll()
+    # on the forwarder's thread: just record; Reports.handle does the work.
+    sink.append((mid, value, sent, err, msg))
+
 
 def flight_of(topic: str, mid: bytes, value: bytes, settings: TopicConfig,
               sink: list[Report]) -> Flight:
@@ -58,14 +70,3 @@ def flight_of(topic: str, mid: bytes, value: bytes, settings: TopicConfig,
     f = Flight(m, settings)
     f.sink = sink
     return f
-# A report of the common path (_send_values): message id, its stored value, when it was sent,
-# then the producer's (err, msg). No Flight exists for such a send until it fails.
-ValueReport = tuple[bytes, bytes, float, KafkaError | None, Message]
-
-
-def value_report(sink: list[ValueReport], mid: bytes, value: bytes, sent: float,
-                 err: KafkaError | None, msg: Message) -> None:
-    # The on_delivery of a common-path send, bound per message by a partial (the cheapest
-    # callable that carries the message: no object of Ferry's per send). Runs inside poll()
-    # on the forwarder's thread: just record; _handle_reports does the work.
-    sink.append((mid, value, sent, err, msg))

@@ -26,7 +26,7 @@ class TopicState:
     retry_at: float = 0.0
     sending: int = 0  # produce() calls of this topic not yet reported
     # Set when a send of the topic is scheduled again; new messages are read only once every
-    # retry has been re-sent and every send of the topic has reported (_schedule_retry).
+    # retry has been re-sent and every send of the topic has reported (Retries.schedule).
     recovering: bool = False
     # Sends failing with an error that is retried, none acknowledged since (stuck.py).
     stuck: Stuck | None = None

@@ -42,7 +42,7 @@ from tests.waiting import wait_until
 Callback = Callable[[KafkaError | None, Any], None]
 
 
-class _Message:
+class FakeMessage:
     def __init__(self, partition: int, offset: int) -> None:
         self._partition, self._offset = partition, offset
 
@@ -61,7 +61,7 @@ class FakeProducer:
         # (value, timestamp, headers) of each produce(), in order, never removed
         self.stamps: list[tuple[bytes, int, Any]] = []
         self.pending: list[tuple[bytes, Callback]] = []
-        self._answers: list[tuple[Callback, KafkaError | None, _Message]] = []
+        self._answers: list[tuple[Callback, KafkaError | None, FakeMessage]] = []
         self._offset = 0
 
     def produce(self, topic: str, value: bytes, key: bytes | None = None, partition: int = -1,
@@ -77,7 +77,7 @@ class FakeProducer:
     def _answer(self, value: bytes, err: KafkaError | None) -> None:
         i = next(i for i, (v, _) in enumerate(self.pending) if v == value)
         _, cb = self.pending.pop(i)
-        self._answers.append((cb, err, _Message(0, self._offset)))
+        self._answers.append((cb, err, FakeMessage(0, self._offset)))
         self._offset += 1
 
     def ack(self, value: bytes) -> None:

@@ -15,7 +15,7 @@ from confluent_kafka import KafkaError
 from agent.config import TopicConfig
 from agent.forwarder.flight import LOCAL, REMOTE, value_report
 from agent.forwarder.topic_state import TopicState
-from tests.forwarder.fakes import Rooms, _Message
+from tests.forwarder.fakes import FakeMessage, Rooms
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def _sent(room: Rooms, seqs: range) -> tuple[TopicState, list[bytes], list[bytes
 def test_acknowledged_common_path_sends_leave_and_are_signalled(room: Rooms) -> None:
     st, mids, values = _sent(room, range(1, 4))
     for i, (mid, v) in enumerate(zip(mids, values, strict=True)):
-        value_report(st.sink, mid, v, 0.0, None, _Message(0, 100 + i))
+        value_report(st.sink, mid, v, 0.0, None, FakeMessage(0, 100 + i))
     assert room.reports.pending()
     assert room.reports.handle() is True
     assert not room.reports.pending() and st.sending == 0
@@ -55,7 +55,7 @@ def test_a_failed_send_goes_to_the_retry_rules_and_the_others_are_delivered(
     st, mids, values = _sent(room, range(1, 4))
     failed = KafkaError(KafkaError._MSG_TIMED_OUT)
     for i, (mid, v) in enumerate(zip(mids, values, strict=True)):
-        value_report(st.sink, mid, v, 0.0, failed if i == 1 else None, _Message(0, i))
+        value_report(st.sink, mid, v, 0.0, failed if i == 1 else None, FakeMessage(0, i))
     assert room.reports.handle() is True
     assert room.ack.delivered == [mids[0], mids[2]]
     assert [f.msg.id for f in st.retry] == [mids[1]] and st.recovering
@@ -67,8 +67,8 @@ def test_a_message_acknowledged_by_both_clusters_leaves_once(room: Rooms) -> Non
     f = room.in_flight(TopicConfig(fallback_to_remote=True), 1)
     f.pending = 2  # sent to the local cluster, and speculatively to the remote one
     room.shared.topics["t"].sending = 2
-    room.reports.on_delivery(f, LOCAL, None, _Message(0, 7))
-    room.reports.on_delivery(f, REMOTE, None, _Message(3, 9))
+    room.reports.on_delivery(f, LOCAL, None, FakeMessage(0, 7))
+    room.reports.on_delivery(f, REMOTE, None, FakeMessage(3, 9))
     assert room.reports.handle() is True
     assert room.ack.delivered == [f.msg.id]
     assert room.leaving.waiting() == 1
